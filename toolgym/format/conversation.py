@@ -1,0 +1,267 @@
+"""Token-in / token-out bookkeeping of one episode.
+
+:class:`ChatFormat` says how a model family frames a conversation (tokenizer, chat template, tool-call parser,
+end-of-turn token). :class:`Conversation` grows one episode's token sequence without ever re-tokenising what
+the model sampled:
+
+* the prompt is the chat template's rendering of the opening messages (with the tool schemas), tokenised once;
+* each action (the policy's sampled ids) is appended verbatim with mask 1; a turn cut by its budget (no
+  end-of-turn token) is closed with the end-of-turn token at mask 0;
+* each observation is the **template delta** for the tool messages: the text the chat template adds after the
+  assistant's end-of-turn token for those tool messages plus the next assistant header, tokenised on its own
+  (it starts right after a special token, so it tokenises the same as inside the full text) with mask 0;
+* :meth:`Conversation.check_drift` re-renders the whole conversation with the template and reports the first
+  token where it differs from what was built (``{}`` when identical).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from toolgym.format.parsers import ParsedTurn, ToolCallParser, get_parser
+
+__all__ = ["ChatFormat", "Conversation"]
+
+_PLACEHOLDER = "\x00TOOLGYM_{}\x00"
+_PROBE = 'probe\n{"k": [1, 2]} <b>&amp;</b> \'q\' "dq" \\ end'
+
+
+@dataclass
+class ChatFormat:
+    """A model family's framing: tokenizer + chat template + tool-call parser + end-of-turn token.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (fast preferred).
+        chat_template: a Jinja template string; ``None`` uses the tokenizer's own.
+        parser: a parser name from :func:`toolgym.format.parsers.get_parser` or an instance.
+        eot_token: the token text that ends an assistant turn; ``None`` guesses (``<|im_end|>``, ``<|eot_id|>``,
+            ``<end_of_turn>``, else the tokenizer's eos token).
+        template_kwargs: extra variables for the template (e.g. ``{"enable_thinking": False}``).
+    """
+
+    tokenizer: Any
+    chat_template: str | None = None
+    parser: ToolCallParser | str = "hermes"
+    eot_token: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.parser = get_parser(self.parser)
+        tok = self.tokenizer
+        if self.eot_token is None:
+            vocab = tok.get_vocab()
+            for cand in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"):
+                if cand in vocab:
+                    self.eot_token = cand
+                    break
+            else:
+                self.eot_token = tok.eos_token
+        ids = tok.encode(self.eot_token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"end-of-turn token {self.eot_token!r} is not a single token: {ids}")
+        self.eot_id: int = ids[0]
+        self.stop_ids: frozenset[int] = frozenset(
+            {self.eot_id} | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
+        )
+        self._delta_skeletons: dict[tuple[str, ...], str | None] = {}
+        self._verbatim: bool | None = None
+
+    # -- rendering --------------------------------------------------------------------------------
+    def render(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+        *, add_generation_prompt: bool = False,
+    ) -> str:
+        """The chat template's text for ``messages`` (with ``tools`` shown to the model)."""
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt, tokenize=False, **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no BOS/EOS added (template text already carries its special tokens)."""
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids`` with special tokens kept (ids outside the vocabulary are dropped)."""
+        n = len(self.tokenizer)
+        return self.tokenizer.decode([int(i) for i in ids if 0 <= int(i) < n], skip_special_tokens=False)
+
+    def _after_eot(self, rendered: str) -> str:
+        i = rendered.rfind(self.eot_token)
+        return rendered[i + len(self.eot_token) :] if i >= 0 else ""
+
+    def tool_delta(self, tool_messages: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]]) -> str:
+        """The text the template adds after an assistant turn's end-of-turn token for ``tool_messages`` and
+        the next assistant header.
+
+        Computed on a fixed two-message stand-in history (the delta of a tool turn does not depend on what was
+        said before in the supported templates; the episode's drift check verifies that). When the template
+        inserts tool contents verbatim (checked once with a probe), the rendering is cached per tuple of tool
+        names and contents are substituted, so a step costs no template rendering.
+        """
+        key = tuple(str(m.get("name", "")) for m in tool_messages)
+        if self._verbatim is None:
+            self._verbatim = self._check_verbatim()
+        if self._verbatim:
+            skel = self._delta_skeletons.get(key)
+            if skel is None:
+                msgs = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(tool_messages)]
+                skel = self._delta_skeletons[key] = self._render_delta(msgs)
+            out = skel
+            for i, m in enumerate(tool_messages):
+                out = out.replace(_PLACEHOLDER.format(i), str(m.get("content", "")), 1)
+            return out
+        return self._render_delta(tool_messages)
+
+    def _render_delta(self, tool_messages: Sequence[Mapping[str, Any]]) -> str:
+        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        before = self.render(base)
+        after = self.render(base + list(tool_messages), add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError("chat template is not prefix-stable when tool messages are appended")
+        return self._after_eot(before) + after[len(before) :]
+
+    def _check_verbatim(self) -> bool:
+        probe = [{"role": "tool", "name": "probe", "content": _PROBE}]
+        real = self._render_delta(probe)
+        skel = self._render_delta([{**probe[0], "content": _PLACEHOLDER.format(0)}])
+        return skel.count(_PLACEHOLDER.format(0)) == 1 and skel.replace(_PLACEHOLDER.format(0), _PROBE) == real
+
+    def tool_message(self, name: str, content: str, call_id: str = "") -> dict[str, Any]:
+        """A chat message carrying one tool result."""
+        msg: dict[str, Any] = {"role": "tool", "name": name, "content": content}
+        if call_id:
+            msg["tool_call_id"] = call_id
+        return msg
+
+
+@dataclass
+class _Built:
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+
+
+class Conversation:
+    """One episode's messages and tokens, kept in lock-step.
+
+    Args:
+        fmt: the family's :class:`ChatFormat`.
+        messages: the opening messages (system + user), rendered with ``add_generation_prompt=True``.
+        tools: tool specs (``Tool.schema()`` dicts) shown in the prompt.
+
+    Attributes:
+        prompt_ids: prompt token ids; completion_ids / loss_mask: everything after it (1 = sampled by the policy).
+        messages: the chat messages so far (assistant turns hold the decoded action text verbatim, with the
+            parsed calls under ``"tool_calls"`` for readers; tool results as ``role="tool"`` messages).
+    """
+
+    def __init__(
+        self, fmt: ChatFormat, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = ()
+    ) -> None:
+        self.fmt = fmt
+        self.tools = list(tools)
+        self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
+        self.prompt_text = fmt.render(self.messages, self.tools, add_generation_prompt=True)
+        self.prompt_ids: list[int] = fmt.encode(self.prompt_text)
+        self.completion_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self._pending_obs = False  # the last thing appended is an observation ending with an assistant header
+
+    def __len__(self) -> int:
+        """Total tokens: prompt + completion."""
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    def add_action(self, action_ids: Sequence[int]) -> tuple[str, ParsedTurn, bool, tuple[int, int]]:
+        """Append the policy's sampled ids (mask 1) and parse them.
+
+        Returns ``(text, parsed, cut, span)``: the decoded text without the end-of-turn token, the parse, whether
+        the turn was cut (no stop token at the end: the env appended the end-of-turn token at mask 0), and the
+        ``[start, end)`` span of the action (closing token included) in ``completion_ids``.
+        """
+        ids = [int(i) for i in action_ids]
+        start = len(self.completion_ids)
+        self.completion_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        cut = not ids or ids[-1] not in self.fmt.stop_ids
+        body = ids if cut else ids[:-1]
+        if cut:
+            self.completion_ids.append(self.fmt.eot_id)
+            self.loss_mask.append(0)
+        text = self.fmt.decode(body)
+        parsed = self.fmt.parser.parse(text)
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        good = [c for c in parsed.calls if c.parse_error is None]
+        if good:
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in good
+            ]
+        self.messages.append(msg)
+        self._pending_obs = False
+        return text, parsed, cut, (start, len(self.completion_ids))
+
+    def observation(self, results: Sequence[tuple[str, str, str]]) -> list[int]:
+        """Token ids of the observation for tool results ``[(name, content, call_id), ...]`` (not yet appended)."""
+        msgs = [self.fmt.tool_message(n, c, i) for n, c, i in results]
+        return self.fmt.encode(self.fmt.tool_delta(msgs, self.messages))
+
+    def add_observation(self, results: Sequence[tuple[str, str, str]], ids: Sequence[int] | None = None) -> tuple[int, int]:
+        """Append the observation for ``results`` (mask 0) and the tool messages; returns its ``[start, end)``
+        span. ``ids`` may pass the already computed :meth:`observation`."""
+        if ids is None:
+            ids = self.observation(results)
+        start = len(self.completion_ids)
+        self.completion_ids.extend(int(i) for i in ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.messages.extend(self.fmt.tool_message(n, c, i) for n, c, i in results)
+        self._pending_obs = True
+        return start, len(self.completion_ids)
+
+    # -- drift ------------------------------------------------------------------------------------
+    def expected_ids(self) -> list[int]:
+        """What the chat template gives for :attr:`messages` (assistant turns as their verbatim text), cut at the
+        point the episode reached: after the last end-of-turn token, or after the next assistant header."""
+        msgs = [{k: v for k, v in m.items() if k != "tool_calls"} for m in self.messages]
+        if self._pending_obs or len(msgs) == 0 or msgs[-1]["role"] != "assistant":
+            text = self.fmt.render(msgs, self.tools, add_generation_prompt=True)
+        else:
+            text = self.fmt.render(msgs, self.tools)
+            tail = self.fmt._after_eot(text)
+            if tail:
+                text = text[: len(text) - len(tail)]
+        return self.fmt.encode(text)
+
+    def check_drift(self, window: int = 8) -> dict[str, Any]:
+        """``{}`` when ``prompt_ids + completion_ids`` equal :meth:`expected_ids`; otherwise
+        ``{"index", "built", "expected", "built_text", "expected_text", "built_len", "expected_len"}`` around the
+        first difference (``index`` counts from the start of the prompt)."""
+        built = self.prompt_ids + self.completion_ids
+        exp = self.expected_ids()
+        if built == exp:
+            return {}
+        n = min(len(built), len(exp))
+        idx = next((i for i in range(n) if built[i] != exp[i]), n)
+        lo, hi = max(0, idx - window), idx + window
+        return {
+            "index": idx,
+            "built": built[lo:hi],
+            "expected": exp[lo:hi],
+            "built_text": self.fmt.decode(built[lo:hi]),
+            "expected_text": self.fmt.decode(exp[lo:hi]),
+            "built_len": len(built),
+            "expected_len": len(exp),
+        }
+
+
+def as_int_array(ids: Sequence[int]) -> np.ndarray:
+    """``ids`` as a 1-D ``np.int64`` array (the token observation/action dtype)."""
+    return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def dumps_arguments(arguments: Mapping[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False)

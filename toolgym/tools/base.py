@@ -1,0 +1,164 @@
+"""Core tool types: what a model can call, what a call looks like, and what comes back.
+
+Every tool call a model makes gets exactly one :class:`ToolResult` (DESIGN.md invariant 3): either the
+tool's output, or a classified error (:class:`ToolErrorKind`) whose message the model can read.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = ["Tool", "ToolCall", "ToolError", "ToolErrorKind", "ToolResult"]
+
+
+class ToolErrorKind(str, Enum):
+    """Why a tool call produced no normal output. The value is the metric / JSON name."""
+
+    PARSE_ERROR = "parse_error"  #: the model's call text could not be parsed into name + arguments
+    UNKNOWN_TOOL = "unknown_tool"  #: the name is not one of the env's tools
+    INVALID_ARGUMENTS = "invalid_arguments"  #: arguments fail the tool's JSON schema
+    TIMEOUT = "timeout"  #: the call outran its timeout and was cancelled
+    EXCEPTION = "exception"  #: the tool raised, or reported an error itself (MCP ``isError``)
+
+
+class ToolError(Exception):
+    """Raise from a tool to report a classified failure with a message meant for the model.
+
+    Args:
+        message: text the model will read in the tool response.
+        kind: the error kind (default ``exception``).
+        retryable: ``True`` when trying again may succeed (a dropped connection, a busy service); the
+            executor retries such errors up to its ``max_retries``.
+    """
+
+    def __init__(
+        self, message: str, *, kind: ToolErrorKind = ToolErrorKind.EXCEPTION, retryable: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.kind = kind
+        self.retryable = retryable
+
+
+@dataclass
+class ToolCall:
+    """One tool call as parsed from a model turn.
+
+    Attributes:
+        name: the tool name the model asked for ("" when the call could not be parsed).
+        arguments: the decoded JSON arguments (``{}`` when unparsable).
+        raw: the exact text of the call in the model's output (for error messages and viewers).
+        id: a call id, unique within the episode (``"call_<turn>_<index>"``).
+        parse_error: ``None`` for a well-formed call; otherwise why it could not be parsed. A call with a
+            parse error is never executed; it gets a ``parse_error`` result.
+    """
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    raw: str = ""
+    id: str = ""
+    parse_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "arguments": self.arguments,
+            "raw": self.raw,
+            "parse_error": self.parse_error,
+        }
+
+
+@dataclass
+class ToolResult:
+    """The answer to one :class:`ToolCall`.
+
+    Attributes:
+        call: the call this answers.
+        content: the text the model reads (the output, or the error message).
+        error_kind: ``None`` on success, otherwise the classified failure.
+        latency_s: wall time in seconds spent executing (0 for calls never executed, e.g. parse errors).
+        attempts: how many times the tool was invoked (retries included; 0 when never invoked).
+        cached: ``True`` when served from the executor's cache / replay log.
+    """
+
+    call: ToolCall
+    content: str
+    error_kind: ToolErrorKind | None = None
+    latency_s: float = 0.0
+    attempts: int = 0
+    cached: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "call": self.call.to_dict(),
+            "content": self.content,
+            "error_kind": self.error_kind.value if self.error_kind else None,
+            "latency_s": self.latency_s,
+            "attempts": self.attempts,
+            "cached": self.cached,
+        }
+
+
+def error_text(kind: ToolErrorKind, message: str) -> str:
+    """The observation text for a failed call: ``Error (<kind>): <message>``."""
+    return f"Error ({kind.value}): {message}"
+
+
+class Tool(abc.ABC):
+    """Something a model can call.
+
+    Subclasses set ``name``, ``description`` and ``parameters`` (a JSON-schema ``object``) and implement
+    :meth:`acall`. Sync work should be pushed to a thread inside ``acall`` (see ``@tool``), never block the
+    event loop.
+
+    Attributes:
+        name: the function name the model uses.
+        description: one paragraph shown to the model.
+        parameters: JSON schema of the arguments object (``{"type": "object", "properties": ..., "required": ...}``).
+        timeout_s: per-call timeout in seconds; ``None`` uses the executor's default.
+        max_concurrency: per-tool cap on calls in flight; ``None`` means only the executor's global cap.
+        cacheable: ``False`` for tools with side effects or randomness (never served from cache).
+    """
+
+    name: str = ""
+    description: str = ""
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    timeout_s: float | None = None
+    max_concurrency: int | None = None
+    cacheable: bool = True
+
+    @abc.abstractmethod
+    async def acall(self, arguments: Mapping[str, Any]) -> str:
+        """Run the tool on already-validated ``arguments`` and return the text the model reads.
+
+        Raise :class:`ToolError` for a classified failure (``retryable=True`` if a retry may help); any other
+        exception is reported as ``exception``.
+        """
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI / chat-template tool spec: ``{"type": "function", "function": {...}}``."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (sessions, processes). Called once when the owning executor closes."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def canonical_arguments(arguments: Mapping[str, Any]) -> str:
+    """A canonical JSON text of ``arguments`` (sorted keys, no spaces): the cache / replay key."""
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)

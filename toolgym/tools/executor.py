@@ -1,0 +1,290 @@
+"""ToolExecutor: runs parsed tool calls concurrently, safely, and measurably.
+
+One executor is shared by all episodes of a vector env. For each call it: answers parse errors and
+unknown tools without running anything, validates arguments against the tool's JSON schema, waits for a
+slot under the global and the per-tool concurrency caps, serves the cache if it can, runs the tool with a
+timeout that cancels it, retries errors the tool marks retryable, and records the latency. Every call
+returns exactly one :class:`ToolResult`; no exception escapes :meth:`ToolExecutor.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+
+from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult, canonical_arguments, error_text
+
+__all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor"]
+
+
+class ToolCache:
+    """A cache of successful tool outputs keyed by ``(tool name, canonical JSON arguments)``.
+
+    It doubles as a record/replay log (DESIGN.md invariant 5) when given a JSONL ``path``:
+
+    * ``ToolCache()`` — in-memory, read and write.
+    * ``ToolCache(path, read=False)`` — **record**: run every call, append each output to ``path``.
+    * ``ToolCache(path, write=False, strict=True)`` — **replay**: serve outputs from ``path``; a call that
+      is not in the log fails with ``exception`` instead of running the tool.
+
+    Each JSONL line is ``{"tool": name, "arguments": canonical_json, "content": text}``.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, read: bool = True, write: bool = True,
+        strict: bool = False,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.read, self.write, self.strict = read, write, strict
+        self._data: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        if self.path is not None and self.read and self.path.exists():
+            with self.path.open(encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        row = json.loads(line)
+                        self._data[(row["tool"], row["arguments"])] = row["content"]
+
+    def get(self, name: str, arguments: dict[str, Any]) -> str | None:
+        if not self.read:
+            return None
+        with self._lock:
+            out = self._data.get((name, canonical_arguments(arguments)))
+            if out is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return out
+
+    def put(self, name: str, arguments: dict[str, Any], content: str) -> None:
+        if not self.write:
+            return
+        key = (name, canonical_arguments(arguments))
+        with self._lock:
+            self._data[key] = content
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                with self.path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps({"tool": key[0], "arguments": key[1], "content": content}) + "\n")
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+@dataclass
+class ExecutorMetrics:
+    """Counters and latencies of an executor since creation (or the last :meth:`reset`).
+
+    ``latencies_s[tool]`` holds one wall time (seconds) per executed call; ``errors[kind]`` counts results
+    per :class:`ToolErrorKind` value; ``calls[tool]`` counts results per tool name (unknown names included).
+    """
+
+    calls: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    retries: int = 0
+    cache_hits: int = 0
+    latencies_s: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def summary(self) -> dict[str, Any]:
+        """``{"calls", "errors", "retries", "cache_hits", "max_in_flight", "latency_ms": {tool: {p50, p99, mean, n}}}``."""
+        lat = {}
+        for name, xs in self.latencies_s.items():
+            if xs:
+                a = np.asarray(xs) * 1e3
+                lat[name] = {
+                    "p50": float(np.percentile(a, 50)),
+                    "p99": float(np.percentile(a, 99)),
+                    "mean": float(a.mean()),
+                    "n": len(xs),
+                }
+        return {
+            "calls": dict(self.calls),
+            "errors": dict(self.errors),
+            "retries": self.retries,
+            "cache_hits": self.cache_hits,
+            "max_in_flight": self.max_in_flight,
+            "latency_ms": lat,
+        }
+
+
+class ToolExecutor:
+    """Runs tool calls with concurrency caps, timeouts, validation, retries and an optional cache.
+
+    Args:
+        tools: the tools callable by name (later duplicates of a name are an error).
+        max_concurrency: global cap on tool calls executing at once across all episodes.
+        default_timeout_s: timeout for tools whose ``timeout_s`` is ``None``; the call is cancelled when it
+            expires and answered with ``timeout``.
+        max_retries: extra attempts for :class:`ToolError` with ``retryable=True`` (and for timeouts when
+            ``retry_timeouts``).
+        retry_backoff_s: first backoff; doubles per retry.
+        cache: a :class:`ToolCache` (``None`` disables caching). Only ``cacheable`` tools use it.
+        validate: validate arguments against each tool's JSON schema before running it.
+
+    All methods are coroutines meant to run on one event loop (the toolgym runtime loop when used through
+    the envs). The executor owns its tools: :meth:`aclose` closes them.
+    """
+
+    def __init__(
+        self,
+        tools: Iterable[Tool] = (),
+        *,
+        max_concurrency: int = 512,
+        default_timeout_s: float = 30.0,
+        max_retries: int = 2,
+        retry_backoff_s: float = 0.05,
+        retry_timeouts: bool = False,
+        cache: ToolCache | None = None,
+        validate: bool = True,
+    ) -> None:
+        self.tools: dict[str, Tool] = {}
+        self.max_concurrency = max_concurrency
+        self.default_timeout_s = default_timeout_s
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.retry_timeouts = retry_timeouts
+        self.cache = cache
+        self.validate = validate
+        self.metrics = ExecutorMetrics()
+        self._global: asyncio.Semaphore | None = None
+        self._per_tool: dict[str, asyncio.Semaphore] = {}
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+        for t in tools:
+            self.add(t)
+
+    # -- registry ---------------------------------------------------------------------------------
+    def add(self, tool: Tool) -> None:
+        """Register ``tool`` under ``tool.name``; a name clash raises ``ValueError``."""
+        if not tool.name:
+            raise ValueError(f"{tool!r} has no name")
+        if tool.name in self.tools and self.tools[tool.name] is not tool:
+            raise ValueError(f"duplicate tool name {tool.name!r}")
+        self.tools[tool.name] = tool
+        if tool.parameters:
+            cls = jsonschema.validators.validator_for(tool.parameters, default=jsonschema.Draft202012Validator)
+            cls.check_schema(tool.parameters)
+            self._validators[tool.name] = cls(tool.parameters)
+
+    def schemas(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Chat-template tool specs of the registered tools (or of ``names``, in that order)."""
+        return [self.tools[n].schema() for n in (names if names is not None else self.tools)]
+
+    # -- running ----------------------------------------------------------------------------------
+    async def run_many(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """Run ``calls`` concurrently; results come back in the same order."""
+        return list(await asyncio.gather(*(self.run(c) for c in calls)))
+
+    async def run(self, call: ToolCall) -> ToolResult:
+        """Run one call and classify any failure. Never raises (except ``CancelledError``)."""
+        result = await self._run(call)
+        m = self.metrics
+        m.calls[call.name or "<unparsed>"] += 1
+        if result.error_kind is not None:
+            m.errors[result.error_kind.value] += 1
+        if result.cached:
+            m.cache_hits += 1
+        elif result.attempts:
+            m.latencies_s[call.name].append(result.latency_s)
+        return result
+
+    def _fail(self, call: ToolCall, kind: ToolErrorKind, message: str, **kw: Any) -> ToolResult:
+        return ToolResult(call, error_text(kind, message), kind, **kw)
+
+    async def _run(self, call: ToolCall) -> ToolResult:
+        if call.parse_error is not None:
+            return self._fail(call, ToolErrorKind.PARSE_ERROR, call.parse_error)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(sorted(self.tools)) or "none"
+            return self._fail(call, ToolErrorKind.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {names}")
+        if not isinstance(call.arguments, dict):
+            return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, "arguments must be a JSON object")
+        if self.validate and (v := self._validators.get(call.name)) is not None:
+            err = jsonschema.exceptions.best_match(v.iter_errors(call.arguments))
+            if err is not None:
+                where = "/".join(str(p) for p in err.absolute_path)
+                return self._fail(
+                    call, ToolErrorKind.INVALID_ARGUMENTS, f"{where + ': ' if where else ''}{err.message}"
+                )
+        if self.cache is not None and tool.cacheable:
+            hit = self.cache.get(call.name, call.arguments)
+            if hit is not None:
+                return ToolResult(call, hit, cached=True)
+            if self.cache.strict:
+                return self._fail(call, ToolErrorKind.EXCEPTION, "call not found in the replay log")
+
+        if self._global is None:
+            self._global = asyncio.Semaphore(self.max_concurrency)
+        per_tool = None
+        if tool.max_concurrency is not None:
+            per_tool = self._per_tool.get(call.name)
+            if per_tool is None:
+                per_tool = self._per_tool[call.name] = asyncio.Semaphore(tool.max_concurrency)
+
+        timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
+        attempts = 0
+        t0 = time.perf_counter()
+        while True:
+            attempts += 1
+            kind: ToolErrorKind | None
+            retryable = False
+            async with self._global:
+                if per_tool is not None:
+                    await per_tool.acquire()
+                m = self.metrics
+                m.in_flight += 1
+                m.max_in_flight = max(m.max_in_flight, m.in_flight)
+                try:
+                    content = await asyncio.wait_for(tool.acall(call.arguments), timeout)
+                    kind = None
+                except TimeoutError:
+                    kind, content = ToolErrorKind.TIMEOUT, f"tool {call.name!r} timed out after {timeout:g} s"
+                    retryable = self.retry_timeouts
+                except ToolError as e:
+                    kind, content, retryable = e.kind, e.message, e.retryable
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any tool failure becomes an observation
+                    kind, content = ToolErrorKind.EXCEPTION, f"{type(e).__name__}: {e}"
+                finally:
+                    m.in_flight -= 1
+                    if per_tool is not None:
+                        per_tool.release()
+            if kind is None:
+                if not isinstance(content, str):
+                    content = str(content)
+                latency = time.perf_counter() - t0
+                if self.cache is not None and tool.cacheable:
+                    self.cache.put(call.name, call.arguments, content)
+                return ToolResult(call, content, None, latency, attempts)
+            if retryable and attempts <= self.max_retries:
+                self.metrics.retries += 1
+                await asyncio.sleep(self.retry_backoff_s * 2 ** (attempts - 1))
+                continue
+            return self._fail(call, kind, content, latency_s=time.perf_counter() - t0, attempts=attempts)
+
+    async def aclose(self) -> None:
+        """Close every tool (errors while closing are swallowed: shutdown must not fail)."""
+        for t in list(self.tools.values()):
+            try:
+                await t.aclose()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,93 @@
+"""``@tool``: turn a plain Python function (sync or async) into a :class:`~toolgym.tools.base.Tool`.
+
+The JSON schema comes from the signature and the Google-style docstring through
+``transformers.utils.get_json_schema`` (the same function chat templates use), so what the model sees is
+exactly what ``tokenizer.apply_chat_template(tools=[fn])`` would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, overload
+
+from toolgym.tools.base import Tool
+
+__all__ = ["FunctionTool", "tool"]
+
+
+class FunctionTool(Tool):
+    """A tool backed by a Python function.
+
+    Sync functions run in a worker thread (``asyncio.to_thread``) so they never block the event loop; a
+    timeout cancels the awaiting task but cannot stop a running thread, so long sync work should be
+    written async or as a subprocess tool. The return value is converted to text with ``str`` unless it
+    is already a string.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float | None = None,
+        max_concurrency: int | None = None,
+        cacheable: bool = True,
+    ) -> None:
+        from transformers.utils import get_json_schema
+
+        spec = get_json_schema(fn)["function"]
+        self.fn = fn
+        self.name = name or spec["name"]
+        self.description = description if description is not None else spec.get("description", "")
+        self.parameters = spec.get("parameters", {"type": "object", "properties": {}})
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.cacheable = cacheable
+        self._is_async = inspect.iscoroutinefunction(fn)
+
+    async def acall(self, arguments: Mapping[str, Any]) -> str:
+        if self._is_async:
+            out = await self.fn(**arguments)
+        else:
+            out = await asyncio.to_thread(self.fn, **arguments)
+        return out if isinstance(out, str) else str(out)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = None,
+    max_concurrency: int | None = None,
+    cacheable: bool = True,
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def tool(fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
+    """Decorate a function to make it a :class:`FunctionTool`.
+
+    The function needs type hints on every argument and a docstring with an ``Args:`` section (that is
+    what ``get_json_schema`` reads). Usable bare (``@tool``) or with options
+    (``@tool(timeout_s=5, max_concurrency=8)``).
+
+    Example::
+
+        @tool
+        async def add(a: int, b: int) -> int:
+            '''Add two integers.
+
+            Args:
+                a: the first addend
+                b: the second addend
+            '''
+            return a + b
+    """
+    if fn is not None:
+        return FunctionTool(fn)
+    return lambda f: FunctionTool(f, **kwargs)
