@@ -19,7 +19,7 @@ from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser
 from toolgym.rewards.base import Reward, RewardLike, as_reward
-from toolgym.tools.base import Tool, ToolResult
+from toolgym.tools.base import Seconds, Tool, ToolResult
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
 
@@ -210,7 +210,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             "calls": [c.to_dict() for c in turn.calls],
             "results": [r.to_dict() for r in turn.results],
             "error_kinds": turn.error_kinds,
-            "latencies_s": [r.latency_s for r in turn.results],
+            "latencies_s": [Seconds(r.latency_s) for r in turn.results],
             "reward_components": dict(turn.reward_components),
             "cut": cut,
         }
@@ -228,7 +228,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             info["trajectory"] = traj
             info["drift"] = traj.drift
             info["outcome_reward"] = traj.outcome_reward
-        info["env_time_s"] = time.perf_counter() - t0
+        info["env_time_s"] = Seconds(time.perf_counter() - t0)
         return obs, reward, terminated, truncated, info
 
     def _clip(self, result: ToolResult) -> str:

@@ -54,14 +54,18 @@ class ChatFormat:
         self.parser = get_parser(self.parser)
         tok = self.tokenizer
         if self.eot_token is None:
-            vocab = tok.get_vocab()
             for cand in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>"):
-                if cand in vocab:
+                tid = tok.convert_tokens_to_ids(cand)
+                if tid is not None and tid != tok.unk_token_id:
                     self.eot_token = cand
                     break
             else:
                 self.eot_token = tok.eos_token
-        ids = tok.encode(self.eot_token, add_special_tokens=False)
+        # The fast tokenizer's Rust backend, called directly: same ids as ``tokenizer.encode`` without the
+        # Python wrapper's per-call overhead (and ``decode`` without clean-up, i.e. verbatim).
+        self._backend = getattr(tok, "backend_tokenizer", None)
+        self.vocab_size: int = len(tok)
+        ids = self.encode(self.eot_token)
         if len(ids) != 1:
             raise ValueError(f"end-of-turn token {self.eot_token!r} is not a single token: {ids}")
         self.eot_id: int = ids[0]
@@ -84,12 +88,17 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no BOS/EOS added (template text already carries its special tokens)."""
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` with special tokens kept (ids outside the vocabulary are dropped)."""
-        n = len(self.tokenizer)
-        return self.tokenizer.decode([int(i) for i in ids if 0 <= int(i) < n], skip_special_tokens=False)
+        """Text of ``ids`` with special tokens kept and no clean-up (ids outside the vocabulary are dropped)."""
+        n = self.vocab_size
+        keep = [i for i in map(int, ids) if 0 <= i < n]
+        if self._backend is not None:
+            return self._backend.decode(keep, skip_special_tokens=False)
+        return self.tokenizer.decode(keep, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _after_eot(self, rendered: str) -> str:
         i = rendered.rfind(self.eot_token)

@@ -13,7 +13,27 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Tool", "ToolCall", "ToolError", "ToolErrorKind", "ToolResult"]
+__all__ = ["Seconds", "Tool", "ToolCall", "ToolError", "ToolErrorKind", "ToolResult"]
+
+
+class Seconds(float):
+    """A wall-clock measurement in seconds.
+
+    Measurements differ run to run, so two ``Seconds`` always compare equal: infos and trajectories of two runs
+    with the same seed and policy are then equal (DESIGN.md invariant 5 is about behaviour, not timing, and
+    Gymnasium's ``check_env`` compares step infos). Use ``float(x)`` to compare values.
+    """
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Seconds)
+
+    def __ne__(self, other: object) -> bool:
+        return not isinstance(other, Seconds)
+
+    def __hash__(self) -> int:
+        return 0
 
 
 class ToolErrorKind(str, Enum):
@@ -90,7 +110,7 @@ class ToolResult:
     call: ToolCall
     content: str
     error_kind: ToolErrorKind | None = None
-    latency_s: float = 0.0
+    latency_s: float = field(default=0.0, compare=False)
     attempts: int = 0
     cached: bool = False
 
@@ -103,7 +123,7 @@ class ToolResult:
             "call": self.call.to_dict(),
             "content": self.content,
             "error_kind": self.error_kind.value if self.error_kind else None,
-            "latency_s": self.latency_s,
+            "latency_s": Seconds(self.latency_s),
             "attempts": self.attempts,
             "cached": self.cached,
         }

@@ -1,0 +1,166 @@
+"""Vector step benchmark: toolgym's ToolVectorEnv vs a sequential loop vs gymnasium's AsyncVectorEnv.
+
+Every sub-env makes one call to a tool that takes 50 ms (an ``asyncio.sleep``), so an ideal step takes 50 ms
+whatever N is. Also measures the env's own overhead per turn (decode + parse + execute an instant tool + build
+and tokenize the observation) against the tokenizer's own ``encode`` of the same observation text.
+
+    .venv/bin/python benchmarks/vector_step.py            # full run (N = 1, 16, 64, 256)
+    .venv/bin/python benchmarks/vector_step.py --quick    # N = 1, 16
+
+Prints a table and the ratios; ``--json PATH`` also writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import statistics
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from toolgym import runtime
+from toolgym.envs.base import ToolEnv
+from toolgym.format.parsers import get_parser
+from toolgym.tools.function import tool
+from toolgym.vector import ToolVectorEnv
+
+TOOL_S = 0.05
+TASKS = [{"id": f"t{i}", "prompt": f"task number {i}"} for i in range(512)]
+OBS_TEXT = " ".join(
+    f"Doc {i} (Title: City {i}) City {i} is a city in Country {i % 7} with a population of {1000 * i} people."
+    for i in range(1, 6)
+)
+
+
+@tool
+async def wait50(x: int) -> str:
+    """Wait 50 ms and answer.
+
+    Args:
+        x: a number
+    """
+    await asyncio.sleep(TOOL_S)
+    return f"done {x}"
+
+
+@tool
+async def instant(x: int) -> str:
+    """Answer at once with a passage-sized text.
+
+    Args:
+        x: a number
+    """
+    return OBS_TEXT
+
+
+def make_env(**kw):
+    return ToolEnv(TASKS, [wait50, instant], max_turns=8, max_episode_tokens=8192, **kw)
+
+
+def call(name: str, x: int) -> str:
+    return get_parser("hermes").format_calls([(name, {"x": x})])
+
+
+def bench_toolgym(n: int, reps: int) -> float:
+    envs = ToolVectorEnv(make_env, num_envs=n)
+    times = []
+    for r in range(reps):
+        envs.reset(seed=r)
+        acts = [envs.envs[i].encode_action(call("wait50", i)) for i in range(n)]
+        t0 = time.perf_counter()
+        envs.step(acts)
+        times.append(time.perf_counter() - t0)
+    envs.close()
+    return statistics.median(times)
+
+
+def bench_sequential(n: int, reps: int) -> float:
+    envs = [make_env() for _ in range(n)]
+    times = []
+    for r in range(reps):
+        acts = []
+        for i, e in enumerate(envs):
+            e.reset(seed=r + i)
+            acts.append(e.encode_action(call("wait50", i)))
+        t0 = time.perf_counter()
+        for e, a in zip(envs, acts, strict=True):
+            e.step(a)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_gym_async(n: int, reps: int) -> float:
+    envs = gym.vector.AsyncVectorEnv([make_env for _ in range(n)], shared_memory=False)
+    probe = make_env()
+    times = []
+    for r in range(reps):
+        envs.reset(seed=r)
+        acts = tuple(probe.encode_action(call("wait50", i)) for i in range(n))
+        t0 = time.perf_counter()
+        envs.step(acts)
+        times.append(time.perf_counter() - t0)
+    envs.close()
+    return statistics.median(times)
+
+
+def bench_overhead(reps: int = 200) -> tuple[float, float]:
+    """Median seconds of one env turn with an instant tool (run on the runtime loop, no thread hop) and of the
+    tokenizer's ``encode`` of the same observation text."""
+    env = make_env()
+    env.reset(seed=0)
+    action = env.encode_action(call("instant", 1))
+
+    async def one_turn() -> float:
+        env.reset(seed=0)
+        t0 = time.perf_counter()
+        await env.astep(action)
+        return time.perf_counter() - t0
+
+    env_times = [runtime.run_sync(one_turn()) for _ in range(reps)]
+    env.reset(seed=0)
+    obs, *_ = env.step(action)
+    obs_text = env.format.decode(obs.tolist())
+    tok = env.tokenizer
+    enc_times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        tok.encode(obs_text, add_special_tokens=False)
+        enc_times.append(time.perf_counter() - t0)
+    return statistics.median(env_times), statistics.median(enc_times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N = 1, 16 only")
+    ap.add_argument("--sizes", type=int, nargs="*", default=None)
+    ap.add_argument("--async-max", type=int, default=64,
+                    help="largest N for gymnasium AsyncVectorEnv (one process per env: ~250 MB each)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sizes = args.sizes or ([1, 16] if args.quick else [1, 16, 64, 256])
+    rows = []
+    print(f"one step, every sub-env calls a {TOOL_S * 1e3:.0f} ms tool (median wall ms)")
+    print(f"{'N':>5} {'toolgym':>9} {'sequential':>11} {'gym async':>10} {'seq/toolgym':>12} {'async/toolgym':>14} {'toolgym/50ms':>13}")
+    for n in sizes:
+        reps = 5 if n <= 64 else 3
+        tg = bench_toolgym(n, reps)
+        sq = bench_sequential(n, 1 if n > 16 else 3)
+        ga = bench_gym_async(n, 3) if n <= args.async_max else float("nan")
+        rows.append({"n": n, "toolgym_ms": tg * 1e3, "sequential_ms": sq * 1e3, "gym_async_ms": ga * 1e3})
+        print(f"{n:>5} {tg * 1e3:>9.1f} {sq * 1e3:>11.1f} {ga * 1e3:>10.1f} {sq / tg:>12.1f} {ga / tg:>14.2f} "
+              f"{tg / TOOL_S:>13.2f}")
+    env_s, enc_s = bench_overhead()
+    print(f"\nenv overhead per turn: {env_s * 1e6:.0f} us; tokenizer encode of the same observation: "
+          f"{enc_s * 1e6:.0f} us; ratio {env_s / enc_s:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "env_turn_us": env_s * 1e6, "encode_us": enc_s * 1e6}, f, indent=2)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()

@@ -1,0 +1,146 @@
+"""ToolVectorEnv: one event loop, one executor, concurrent tool calls, subset stepping, autoreset modes."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import toolgym
+from toolgym.envs.base import ToolEnv
+from toolgym.format.parsers import get_parser
+from toolgym.tools.function import tool
+from toolgym.vector import ToolVectorEnv
+
+CALLS = {"n": 0, "running": 0, "max_running": 0}
+
+
+@tool
+async def slow(x: int) -> str:
+    """Wait 50 ms, then echo x.
+
+    Args:
+        x: a number
+    """
+    CALLS["n"] += 1
+    CALLS["running"] += 1
+    CALLS["max_running"] = max(CALLS["max_running"], CALLS["running"])
+    try:
+        await asyncio.sleep(0.05)
+    finally:
+        CALLS["running"] -= 1
+    return f"got {x}"
+
+
+TASKS = [{"id": f"t{i}", "prompt": f"task {i}", "answer": str(i)} for i in range(300)]
+
+
+def reward(traj, task):
+    return float(traj.answer == task["answer"])
+
+
+def make_vec(n: int, **kw) -> ToolVectorEnv:
+    return ToolVectorEnv(functools.partial(ToolEnv, TASKS, [slow], reward=reward, max_turns=3), num_envs=n, **kw)
+
+
+def call_text(x: int) -> str:
+    return get_parser("hermes").format_calls([("slow", {"x": x})])
+
+
+def test_make_vec_returns_our_vector_env():
+    envs = gym.make_vec("toolgym/Calculator-v0", num_envs=3)
+    assert isinstance(envs, ToolVectorEnv) and envs.num_envs == 3
+    # one executor shared by every sub-env
+    assert len({id(e.unwrapped.executor) for e in envs.envs}) == 1
+    obs, info = envs.reset(seed=0)
+    assert len(obs) == 3 and all(o.dtype == np.int64 and len(o) > 0 for o in obs)
+    assert len(set(info["task"]["id"])) == 3
+    envs.close()
+
+
+def test_256_concurrent_50ms_calls_in_one_step_overlap():
+    envs = make_vec(256)
+    envs.reset(seed=0)
+    tok_env = envs.envs[0]
+    actions = [tok_env.encode_action(call_text(i)) for i in range(256)]
+    CALLS.update(n=0, max_running=0)
+    t0 = time.perf_counter()
+    obs, rewards, te, tr, infos = envs.step(actions)
+    elapsed = time.perf_counter() - t0
+    assert CALLS["n"] == 256 and CALLS["max_running"] == 256
+    assert elapsed < 256 * 0.05 / 8, elapsed  # far below the 12.8 s of a sequential loop
+    for i in (0, 17, 255):
+        assert f"got {i}" in tok_env.format.decode(obs[i].tolist())
+    assert not te.any() and not tr.any() and infos["stepped"].all()
+
+
+def test_subset_stepping_leaves_other_episodes_untouched():
+    envs = make_vec(4, autoreset_mode=AutoresetMode.DISABLED)
+    envs.reset(seed=1)
+    e = envs.envs
+    before = [list(x.conversation.completion_ids) for x in e]
+    obs, rew, te, tr, infos = envs.step([e[0].encode_action(call_text(1)), None, e[2].encode_action("<answer>x</answer>"), None])
+    assert infos["stepped"].tolist() == [True, False, True, False]
+    assert len(obs[1]) == 0 and len(obs[3]) == 0
+    assert [x.conversation.completion_ids for x in (e[1], e[3])] == [before[1], before[3]]
+    assert te.tolist() == [False, False, True, False]
+    assert envs.active.tolist() == [True, True, False, True]
+    # stepping a finished sub-env without a reset is an error in DISABLED mode, not a silent reset
+    with pytest.raises(RuntimeError, match="no running episode"):
+        envs.step([None, None, e[2].encode_action("again"), None])
+    # partial reset of just that sub-env
+    obs, info = envs.reset(options={"reset_mask": np.array([False, False, True, False])})
+    assert len(obs[2]) > 0 and len(obs[0]) == 0 and envs.active.all()
+    assert e[0].conversation.completion_ids != []  # episode 0 kept its history
+
+
+def test_next_step_autoreset_follows_gymnasium_semantics():
+    envs = make_vec(2)  # NEXT_STEP is the default
+    obs, _ = envs.reset(seed=0, options={"tasks": [TASKS[5], TASKS[6]]})
+    e = envs.envs
+    _, rew, te, _, infos = envs.step([e[0].encode_action("<answer>5</answer>"), e[1].encode_action(call_text(3))])
+    assert te.tolist() == [True, False] and rew[0] == 1.0
+    assert infos["trajectory"][0] is not None and infos["_trajectory"].tolist() == [True, False]
+    # next step: sub-env 0 is reset (its action ignored) and returns a fresh prompt
+    obs, rew, te, tr, infos = envs.step([e[0].encode_action("ignored"), e[1].encode_action("<answer>6</answer>")])
+    assert len(obs[0]) > 0 and rew[0] == 0.0 and not te[0] and "task" in infos
+    assert te[1] and rew[1] == 1.0
+
+
+def test_same_step_autoreset_returns_final_obs_and_new_prompt():
+    envs = make_vec(1, autoreset_mode=AutoresetMode.SAME_STEP)
+    envs.reset(seed=0, options={"tasks": [TASKS[7]]})
+    obs, rew, te, tr, infos = envs.step([envs.envs[0].encode_action("<answer>7</answer>")])
+    assert te[0] and rew[0] == 1.0 and len(obs[0]) > 0
+    assert infos["final_info"]["trajectory"][0].answer == "7"
+    assert envs.active[0]
+
+
+async def test_astep_from_a_foreign_event_loop():
+    envs = make_vec(8)
+    envs.reset(seed=0)
+    acts = [envs.envs[i].encode_action(call_text(i)) for i in range(8)]
+    obs, *_ = await envs.astep(acts)
+    assert all(len(o) > 0 for o in obs)
+    # single-env astep too
+    env = envs.envs[0]
+    o, r, te, tr, info = await env.astep(env.encode_action("<answer>0</answer>"))
+    assert te
+
+
+def test_vector_env_rejects_wrong_action_count():
+    envs = make_vec(2)
+    envs.reset()
+    with pytest.raises(ValueError, match="expected 2 actions"):
+        envs.step([None])
+
+
+def test_toolgym_registers_all_envs():
+    for env_id in toolgym.envs.registration.ENVS:
+        assert env_id in gym.registry
+        assert gym.registry[env_id].vector_entry_point is not None
