@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import statistics
 import time

@@ -159,8 +159,10 @@ def test_full_episode_mask_truth_no_drift_and_every_call_answered(fam):
     rec = Recorder(env)
     rec.reset(seed=3)
     # turn 1: two parallel calls
-    obs, r, te, tr, info = rec.calls([("lookup", {"key": "Paris"}), ("calculator", {"expression": "12345 * 6789"})],
-                                     content=_think(fam, "") if fam.parser == "hermes" else "")
+    first = get_parser(fam.parser).format_calls(
+        [("lookup", {"key": "Paris"}), ("calculator", {"expression": "12345 * 6789"})]
+    )
+    obs, r, te, tr, info = rec.say(_think(fam, first))
     assert not te and not tr and len(obs) > 0
     assert [x["content"] for x in info["results"]] == ["France", str(12345 * 6789)]
     assert env.format.decode(obs.tolist()).count("France") == 1
@@ -175,7 +177,7 @@ def test_full_episode_mask_truth_no_drift_and_every_call_answered(fam):
                 ToolErrorKind.EXCEPTION, ToolErrorKind.TIMEOUT]
     else:
         text = ('{"name": "nope", "parameters": {}}; {"name": "lookup", "parameters": {"key": 5}}; '
-                '{"name": "crash", "parameters": {"x": 1}}; {"name": "hang", "parameters": {"x": 1}}; {"name": ')
+                '{"name": "crash", "parameters": {"x": 1}}; {"name": "hang", "parameters": {"x": 1}}; {"name"')
         want = [ToolErrorKind.UNKNOWN_TOOL, ToolErrorKind.INVALID_ARGUMENTS, ToolErrorKind.EXCEPTION,
                 ToolErrorKind.TIMEOUT, ToolErrorKind.PARSE_ERROR]
     obs, r, te, tr, info = rec.say(text)
@@ -205,13 +207,14 @@ def test_drift_is_reported_with_its_exact_position(fam):
     rec = Recorder(env)
     rec.reset()
     # a non-canonical tokenisation of "<answer>France</answer>": one token per character
+    head = env.format.encode(_think(fam, ""))  # Qwen3 re-renders a final turn without reasoning with an empty one
     ids = [t for ch in "<answer>France</answer>" for t in env.format.encode(ch)]
     canonical = env.format.encode("<answer>France</answer>")
     assert ids != canonical and env.format.decode(ids) == env.format.decode(canonical)
-    _, r, te, _, info = rec.send(ids + [env.format.eot_id])
+    _, r, te, _, info = rec.send(head + ids + [env.format.eot_id])
     assert te and r == 1.0
     drift = info["drift"]
-    assert drift and drift["index"] == len(rec.prompt) + next(
+    assert drift and drift["index"] == len(rec.prompt) + len(head) + next(
         i for i, (a, b) in enumerate(zip(ids, canonical, strict=False)) if a != b
     )
     check_mask_truth(rec, info["trajectory"])
@@ -236,7 +239,8 @@ def test_bounded_observation_turn_and_token_budgets(fam):
     body = env.format.decode(obs.tolist())
     assert "[truncated]" in body and "word499" not in body
     assert len(obs) < 32 + 40  # the clipped result plus the template's framing
-    obs, r, te, tr, info = rec.calls([("lookup", {"key": "Paris"})])
+    # (the episode's last turn: Qwen3's template gives a last turn without reasoning an empty <think> block)
+    obs, r, te, tr, info = rec.say(_think(fam, get_parser(fam.parser).format_calls([("lookup", {"key": "Paris"})])))
     assert tr and not te and len(obs) == 0  # turn budget: the episode ends, results still recorded
     assert info["results"][0]["content"] == "France"
     check_mask_truth(rec, info["trajectory"])

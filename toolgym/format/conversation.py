@@ -128,12 +128,18 @@ class ChatFormat:
         return self._render_delta(tool_messages)
 
     def _render_delta(self, tool_messages: Sequence[Mapping[str, Any]]) -> str:
-        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
-        before = self.render(base)
+        # The stand-in assistant turn ends with a marker: the delta is what follows "marker + end-of-turn". (Comparing
+        # with a rendering that stops at the assistant turn would not work: templates such as Qwen3's render the
+        # last assistant turn differently, e.g. with an empty <think></think> block.)
+        marker = "\x00TOOLGYM_ASSISTANT\x00"
+        base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": marker}]
         after = self.render(base + list(tool_messages), add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError("chat template is not prefix-stable when tool messages are appended")
-        return self._after_eot(before) + after[len(before) :]
+        _, sep, delta = after.partition(marker + self.eot_token)
+        if not sep:
+            raise ValueError(
+                f"cannot find the end of an assistant turn ({self.eot_token!r}) in the chat template's rendering"
+            )
+        return delta
 
     def _check_verbatim(self) -> bool:
         probe = [{"role": "tool", "name": "probe", "content": _PROBE}]

@@ -10,7 +10,7 @@ import abc
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 __all__ = ["Seconds", "Tool", "ToolCall", "ToolError", "ToolErrorKind", "ToolResult"]
@@ -36,7 +36,7 @@ class Seconds(float):
         return 0
 
 
-class ToolErrorKind(str, Enum):
+class ToolErrorKind(StrEnum):
     """Why a tool call produced no normal output. The value is the metric / JSON name."""
 
     PARSE_ERROR = "parse_error"  #: the model's call text could not be parsed into name + arguments
