@@ -18,7 +18,7 @@ from gymnasium import spaces
 from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser
-from toolgym.rewards.base import Reward, RewardLike, as_reward
+from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
 from toolgym.tools.base import Seconds, Tool, ToolResult
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
@@ -201,8 +201,9 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
         reward = 0.0
         if self.reward is not None and self.reward.per_turn:
-            turn.reward = float(await runtime.run_async(self.reward.turn(turn, traj, self.task)))
-            turn.reward_components = dict(self.reward.components())
+            turn.reward, turn.reward_components = await runtime.run_async(
+                turn_with_components(self.reward, turn, traj, self.task)
+            )
             reward += turn.reward
         done = terminated or truncated
         info: dict[str, Any] = {
@@ -221,8 +222,9 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             self._done = True
             traj.terminated, traj.truncated = terminated, truncated
             if self.reward is not None:
-                traj.outcome_reward = float(await runtime.run_async(self.reward.outcome(traj, self.task)))
-                traj.reward_components = dict(self.reward.components())
+                traj.outcome_reward, traj.reward_components = await runtime.run_async(
+                    outcome_with_components(self.reward, traj, self.task)
+                )
                 reward += traj.outcome_reward
             traj.drift = conv.check_drift()
             info["trajectory"] = traj

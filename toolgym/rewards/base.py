@@ -15,7 +15,14 @@ from typing import Any
 
 from toolgym.trajectory import Trajectory, Turn
 
-__all__ = ["FunctionReward", "Reward", "RewardLike", "as_reward"]
+__all__ = [
+    "FunctionReward",
+    "Reward",
+    "RewardLike",
+    "as_reward",
+    "outcome_with_components",
+    "turn_with_components",
+]
 
 
 class Reward(abc.ABC):
@@ -70,3 +77,24 @@ def as_reward(obj: RewardLike | None) -> Reward | None:
 
 async def gather_floats(*aws: Any) -> list[float]:
     return [float(x) for x in await asyncio.gather(*aws)]
+
+
+async def outcome_with_components(
+    reward: Reward, trajectory: Trajectory, task: Mapping[str, Any]
+) -> tuple[float, dict[str, float]]:
+    """``(reward.outcome(...), reward.components())`` read in one task.
+
+    A reward object is shared by a whole batch, so the components of one call live in the context of the task
+    that made it. Call this (e.g. through ``runtime.run_async``) rather than reading ``components()`` from
+    another task.
+    """
+    value = float(await reward.outcome(trajectory, task))
+    return value, reward.components()
+
+
+async def turn_with_components(
+    reward: Reward, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]
+) -> tuple[float, dict[str, float]]:
+    """``(reward.turn(...), reward.components())`` read in one task (see :func:`outcome_with_components`)."""
+    value = float(await reward.turn(turn, trajectory, task))
+    return value, reward.components()

@@ -1,0 +1,52 @@
+"""Rewards: the async :class:`Reward` protocol, rules, tool verification, an LLM judge, and combinations.
+
+See ``docs/rewards.md``.
+"""
+
+from toolgym.rewards.base import FunctionReward, Reward, RewardLike, as_reward
+from toolgym.rewards.combine import Combine, outcome_with_components, score_batch, turn_with_components
+from toolgym.rewards.judge import DEFAULT_JUDGE_PROMPT, JudgeErrorKind, JudgeResult, LLMJudge, parse_score
+from toolgym.rewards.rules import (
+    F1,
+    AnswerFormat,
+    ExactMatch,
+    NumericMatch,
+    RuleReward,
+    ToolCallFormat,
+    answer_format,
+    exact_match,
+    f1_score,
+    normalize_answer,
+    numeric_match,
+    parse_number,
+)
+from toolgym.rewards.verified import ToolVerified
+
+__all__ = [
+    "DEFAULT_JUDGE_PROMPT",
+    "F1",
+    "AnswerFormat",
+    "Combine",
+    "ExactMatch",
+    "FunctionReward",
+    "JudgeErrorKind",
+    "JudgeResult",
+    "LLMJudge",
+    "NumericMatch",
+    "Reward",
+    "RewardLike",
+    "RuleReward",
+    "ToolCallFormat",
+    "ToolVerified",
+    "answer_format",
+    "as_reward",
+    "exact_match",
+    "f1_score",
+    "normalize_answer",
+    "numeric_match",
+    "outcome_with_components",
+    "parse_number",
+    "parse_score",
+    "score_batch",
+    "turn_with_components",
+]
