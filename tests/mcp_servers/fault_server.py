@@ -1,0 +1,97 @@
+"""A fault-injection MCP server for toolgym's tests (written here; the only fake in the MCP tests).
+
+Tools: ``echo``, ``add``, ``pid`` (the server's process id), ``sleep_ms`` (a slow tool), ``hang`` (never
+returns; records its own cancellation), ``fail`` (raises: an ``isError`` result), ``crash`` (the process
+exits mid-call), ``count`` (how many calls this process has served).
+
+Run: ``python fault_server.py`` (stdio) or ``python fault_server.py --http PORT``. Set
+``FAULT_SERVER_MARKER_DIR`` to a directory where ``hang`` writes ``cancelled-<token>`` when its request is
+cancelled, and ``started-<token>`` when it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("toolgym-fault-server")
+_calls = 0
+
+
+def _mark(name: str) -> None:
+    d = os.environ.get("FAULT_SERVER_MARKER_DIR")
+    if d:
+        Path(d, name).write_text(str(os.getpid()))
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    global _calls
+    _calls += 1
+    return text
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    global _calls
+    _calls += 1
+    return a + b
+
+
+@server.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@server.tool()
+def count() -> int:
+    """How many echo/add calls this process has served."""
+    return _calls
+
+
+@server.tool()
+async def sleep_ms(ms: int) -> str:
+    """Sleep ``ms`` milliseconds, then answer."""
+    await asyncio.sleep(ms / 1000)
+    return f"slept {ms} ms"
+
+
+@server.tool()
+async def hang(token: str) -> str:
+    """Never return (until cancelled)."""
+    _mark(f"started-{token}")
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        _mark(f"cancelled-{token}")
+        raise
+    return "unreachable"
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Raise an error with ``message``."""
+    raise RuntimeError(message)
+
+
+@server.tool()
+def crash() -> str:
+    """Exit the server process immediately, mid-call."""
+    os._exit(3)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--http", type=int, default=None, help="serve streamable HTTP on this port")
+    a = p.parse_args()
+    if a.http is not None:
+        server.run("streamable-http", host="127.0.0.1", port=a.http)
+    else:
+        server.run()
