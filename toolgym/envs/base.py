@@ -7,6 +7,7 @@ append before the next assistant turn (or an empty array when the episode ends).
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -139,7 +140,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         Returns ``(prompt_ids, info)`` with ``info["task"]``, ``info["messages"]`` and ``info["prompt_text"]``.
         """
         super().reset(seed=seed)
-        task = dict(options["task"]) if options and options.get("task") is not None else self.sample_task()
+        task = options["task"] if options and options.get("task") is not None else self.sample_task()
+        task = copy.deepcopy(dict(task))  # the episode owns its row: nothing is shared with the task set
         self.task = task
         conv = Conversation(self.format, self.build_messages(task), self.tool_schemas)
         self.conversation = conv
