@@ -60,7 +60,7 @@ class ToolVectorEnv(VectorEnv):
             env_fn(executor=self.executor, **env_kwargs) for _ in range(num_envs - 1)
         ]
         self.num_envs = num_envs
-        self.autoreset_mode = AutoresetMode(autoreset_mode)
+        self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.metadata = {**getattr(first, "metadata", {}), "autoreset_mode": self.autoreset_mode}
         self.render_mode = first.render_mode
         self.single_observation_space = first.observation_space
@@ -202,6 +202,17 @@ class ToolVectorEnv(VectorEnv):
                 runtime.run_sync(self.executor.aclose())
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
+    """``AutoresetMode`` from an enum or a name/value in any case (``"disabled"``, ``"NEXT_STEP"``, ``"SameStep"``)."""
+    if isinstance(mode, AutoresetMode):
+        return mode
+    key = str(mode).replace("_", "").replace("-", "").lower()
+    for m in AutoresetMode:
+        if key in (m.name.replace("_", "").lower(), m.value.lower()):
+            return m
+    raise ValueError(f"unknown autoreset mode {mode!r}; use one of {[m.value for m in AutoresetMode]}")
 
 
 def _space_vocab(space: spaces.Space[Any]) -> int:  # pragma: no cover - small helper for callers
