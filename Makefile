@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m trainers.demo
+	$(BIN)/python -m trainers.demo --config trainers/configs/demo_cpu.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check toolgym trainers tests benchmarks

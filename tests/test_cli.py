@@ -200,7 +200,7 @@ def test_view_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     bad = tmp_path / "bad.jsonl"
     bad.write_text("not json\n")
     assert main(["view", str(bad), "--out", out]) == ExitCode.INPUT
-    assert "bad.jsonl:1: not JSON" in capsys.readouterr().err
+    assert "bad.jsonl:1: not valid JSON" in capsys.readouterr().err
     bad.write_bytes(b"\xff\xfe\x00garbage\n")
     assert main(["view", str(bad), "--out", out]) == ExitCode.INPUT
     assert main(["view"]) == ExitCode.USAGE

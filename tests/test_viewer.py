@@ -194,7 +194,7 @@ def test_bad_files_raise_clear_errors(tmp_path: Path) -> None:
         load_trajectory_rows(tmp_path / "missing.jsonl")
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"completion_ids": [], "loss_mask": [], "turns": []}\n{not json\n')
-    with pytest.raises(TrajectoryFileError, match=r"bad.jsonl:2: not JSON"):
+    with pytest.raises(TrajectoryFileError, match=r"bad.jsonl:2: not valid JSON"):
         load_trajectory_rows(bad)
     bad.write_text('{"reward": 1}\n')
     with pytest.raises(TrajectoryFileError, match="missing completion_ids"):

@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.data.jsonl import iter_jsonl
+
 __all__ = ["TrajectoryFileError", "load_trajectory_rows", "render_html", "write_report"]
 
 #: Keys every trajectory row must have (the rest is optional and shown when present).
@@ -50,23 +52,14 @@ def load_trajectory_rows(path: str | Path) -> list[dict[str, Any]]:
     """
     p = Path(path)
     rows: list[dict[str, Any]] = []
-    with open(p, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TrajectoryFileError(f"{p}:{lineno}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise TrajectoryFileError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            missing = [k for k in REQUIRED_KEYS if k not in row]
-            if missing:
-                raise TrajectoryFileError(
-                    f"{p}:{lineno}: not a trajectory row (missing {', '.join(missing)}); "
-                    "expected one Trajectory.to_dict() per line"
-                )
-            rows.append(row)
+    for lineno, row in iter_jsonl(p, error=TrajectoryFileError):
+        missing = [k for k in REQUIRED_KEYS if k not in row]
+        if missing:
+            raise TrajectoryFileError(
+                f"{p}:{lineno}: not a trajectory row (missing {', '.join(missing)}); "
+                "expected one Trajectory.to_dict() per line"
+            )
+        rows.append(row)
     return rows
 
 

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.data.jsonl import read_jsonl
+
 __all__ = [
     "CONTINENTS",
     "GEN_VERSION",
@@ -471,8 +473,7 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)
 
 
 _MEM: dict[str, list[dict[str, Any]]] = {}

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from toolgym.data.jsonl import iter_jsonl
 from toolgym.tools.search import Passage
 
 __all__ = ["load_corpus", "load_qa", "normalize_qa_row"]
@@ -51,13 +52,7 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield n, json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not valid JSON: {e}") from e
+    return iter_jsonl(path, objects=False)
 
 
 def normalize_qa_row(row: Mapping[str, Any], index: int, source: str = "") -> dict[str, Any]:

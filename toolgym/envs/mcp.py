@@ -20,12 +20,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.data.jsonl import iter_jsonl
 from toolgym.envs.base import ToolEnv
 from toolgym.rewards.base import Reward, RewardLike
 from toolgym.tools.mcp import ConfigSource, MCPToolset
@@ -63,18 +63,9 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
         if not path.exists():
             raise FileNotFoundError(f"task file not found: {path}")
         stem = path.stem
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{lineno}: a task must be a JSON object")
-                row.setdefault("id", f"{stem}-{lineno}")
-                rows.append(_check_row(row, f"{path}:{lineno}"))
+        for lineno, row in iter_jsonl(path):
+            row.setdefault("id", f"{stem}-{lineno}")
+            rows.append(_check_row(row, f"{path}:{lineno}"))
     else:
         for i, row in enumerate(tasks):
             if not isinstance(row, Mapping):

@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
+from toolgym.data.jsonl import iter_jsonl
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult, canonical_arguments, error_text
 
 __all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor"]
@@ -52,11 +53,8 @@ class ToolCache:
         self.hits = 0
         self.misses = 0
         if self.path is not None and self.read and self.path.exists():
-            with self.path.open(encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        row = json.loads(line)
-                        self._data[(row["tool"], row["arguments"])] = row["content"]
+            for _, row in iter_jsonl(self.path):
+                self._data[(row["tool"], row["arguments"])] = row["content"]
 
     def get(self, name: str, arguments: dict[str, Any]) -> str | None:
         if not self.read:
@@ -217,7 +215,7 @@ class ToolExecutor:
             return self._fail(call, ToolErrorKind.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {names}")
         if not isinstance(call.arguments, dict):
             return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, "arguments must be a JSON object")
-        if self.validate and (v := self._validators.get(call.name)) is not None:
+        if self.validate and (v := self._validators.get(call.name)) is not None and not v.is_valid(call.arguments):
             err = jsonschema.exceptions.best_match(v.iter_errors(call.arguments))
             if err is not None:
                 where = "/".join(str(p) for p in err.absolute_path)

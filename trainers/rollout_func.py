@@ -1,0 +1,340 @@
+"""The TRL ``GRPOTrainer`` adapter: a ``rollout_func`` that plays toolgym episodes with TRL's own generation.
+
+What TRL 1.16 does with it (read from ``trl/trainer/grpo_trainer.py``, pinned in ``pyproject.toml``):
+
+* ``GRPOTrainer._generate`` calls ``rollout_func(prompts, trainer)`` with **this process's** prompts, already
+  repeated ``num_generations`` times (adjacent copies; a group may span ranks). It requires the keys
+  ``prompt_ids``, ``completion_ids`` and ``logprobs`` (one row per prompt, in order; ``logprobs`` may be ``None``);
+  every other key is an "extra field". ``env_mask`` is popped from the extra fields and used as the tool mask
+  (loss mask = completion mask x env mask) **only when the trainer has no ``tools``/``environment_factory``**:
+  with those, TRL runs its own tool loop and ignores it. So the adapter must be passed alone.
+* The remaining extra fields are merged into each input row and reach every reward function as per-row keyword
+  lists. The ``completions`` TRL gives reward functions are decoded from the whole completion (env text
+  included), so the env's reward travels as the ``env_reward`` field and :func:`env_reward` passes it through.
+  Reward functions also receive ``log_metric(name, value)``; :func:`env_reward` logs tool-call rate, success,
+  turns and error kinds with it (they appear in ``trainer.state.log_history`` next to ``rewards/env_reward/mean``).
+* Generation goes through ``trainer._generate_single_turn(prompt_ids, None, {}, 1)`` (private: a test covers it),
+  which dispatches to vLLM (server or colocate; logprobs reduced to the sampled token's) or ``model.generate``
+  (logprobs ``None``). Its token budget is ``max_completion_length``; the adapter sets it per turn.
+  vLLM server mode gathers prompts from every rank and slices the answers by ``process_index * len(prompts)``,
+  so every rank must make the same number of calls **with the same number of prompts**: the adapter runs the
+  lock-step schedule, agrees on the number of turns across ranks, and pads short ranks with a filler prompt.
+* TRL does not check returned lengths: the adapter keeps each completion within ``max_completion_length`` and
+  prompt + completion within the model's context (an overlong tail, always env tokens or a cut turn, is clipped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolgym.rollout import Generation, GenerationRequest, RolloutDriver, _cut_at_stop, flatten_logprobs
+from toolgym.tools.base import ToolErrorKind
+from toolgym.trajectory import Trajectory
+
+__all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "make_dataset", "prompt_key"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Generation through the trainer
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _turn_budget(trainer: Any, max_new_tokens: int) -> Iterator[None]:
+    """Temporarily set the trainer's generation budget (transformers and vLLM paths) to ``max_new_tokens``."""
+    saved: list[tuple[Any, str, Any]] = []
+    gc = getattr(trainer, "generation_config", None)
+    if gc is not None:
+        saved.append((gc, "max_new_tokens", gc.max_new_tokens))
+        gc.max_new_tokens = max_new_tokens
+    vg = getattr(trainer, "vllm_generation", None)
+    if vg is not None and hasattr(vg, "max_completion_length"):
+        saved.append((vg, "max_completion_length", vg.max_completion_length))
+        vg.max_completion_length = max_new_tokens
+    gk = getattr(trainer, "generation_kwargs", None)
+    gk_saved = dict(gk) if isinstance(gk, dict) else None
+    if isinstance(gk, dict) and "max_new_tokens" in gk:
+        gk["max_new_tokens"] = max_new_tokens
+    try:
+        yield
+    finally:
+        for obj, name, value in saved:
+            setattr(obj, name, value)
+        if gk_saved is not None:
+            gk.clear()
+            gk.update(gk_saved)
+
+
+class TRLPolicy:
+    """A :class:`toolgym.rollout.Policy` that generates with ``trainer._generate_single_turn`` (vLLM or
+    transformers, whatever the trainer is configured with), so weights stay in sync and logprobs come for free.
+
+    On several processes every call is collective: the call's prompt count and token budget are agreed across
+    ranks (one all-gather) and a rank with fewer requests pads with a filler prompt whose output is dropped.
+
+    Attributes:
+        calls: number of ``_generate_single_turn`` calls made by this process.
+    """
+
+    concurrent = False
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.calls = 0
+        self._filler: list[int] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return int(self.trainer.accelerator.num_processes)
+
+    def _agree(self, values: Sequence[int]) -> list[int]:
+        """Element-wise max of ``values`` over ranks (identity on one process)."""
+        if self.world_size == 1:
+            return list(values)
+        import torch
+
+        acc = self.trainer.accelerator
+        t = torch.tensor([list(values)], dtype=torch.long, device=acc.device)
+        return [int(x) for x in acc.gather(t).max(dim=0).values.tolist()]
+
+    def sync_count(self, local: int) -> int:
+        """The driver's ``sync_fn``: the largest local count over ranks."""
+        return self._agree([local])[0]
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if self.world_size == 1:
+            return await asyncio.to_thread(self.generate, requests)
+        return self.generate(requests)  # collectives stay on the calling thread, in program order
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if requests and self._filler is None:
+            self._filler = list(requests[0].prompt_ids)
+        local_budget = max((r.max_new_tokens for r in requests), default=1)
+        count, budget = self._agree([len(requests), local_budget])
+        if count == 0:
+            return []
+        prompts = [list(r.prompt_ids) for r in requests]
+        if len(prompts) < count:
+            if self._filler is None:
+                raise RuntimeError("TRLPolicy: no filler prompt for a rank without episodes")
+            prompts += [self._filler] * (count - len(prompts))
+        with _turn_budget(self.trainer, budget):
+            completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
+        self.calls += 1
+        eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())
+        out: list[Generation] = []
+        for i, r in enumerate(requests):
+            ids, stopped = _cut_at_stop(list(completion_ids[i]), r.stop_ids or eos)
+            lp = flatten_logprobs(logprobs[i]) if logprobs is not None else None
+            if lp is not None:
+                lp = lp[: len(ids)]
+            if len(ids) > r.max_new_tokens:
+                ids, stopped = ids[: r.max_new_tokens], False
+                lp = lp[: r.max_new_tokens] if lp is not None else None
+            out.append(Generation(ids, lp, "stop" if stopped else "length"))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Datasets and task lookup
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def prompt_key(prompt: Any) -> str:
+    """The lookup key of a TRL prompt: a string as is; a chat prompt's last user message content."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], Mapping):
+        users = [m for m in prompt if m.get("role") == "user"] or prompt
+        content = users[-1].get("content")
+        if isinstance(content, list):  # typed content blocks
+            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        return str(content)
+    raise TypeError(f"unsupported prompt type for the toolgym adapter: {type(prompt).__name__}")
+
+
+def make_dataset(tasks: Sequence[Mapping[str, Any]], *, repeat: int = 1) -> Any:
+    """A ``datasets.Dataset`` for GRPOTrainer: ``prompt`` = the task id (the adapter looks the task up by it;
+    the env renders the real prompt), ``task_id`` = the same id (reaches reward functions). ``repeat`` repeats
+    the task list (TRL's sampler shuffles)."""
+    from datasets import Dataset
+
+    ids = [str(t["id"]) for t in tasks] * repeat
+    return Dataset.from_dict({"prompt": ids, "task_id": ids})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The rollout_func
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class ToolgymRollout:
+    """``rollout_func`` for TRL's ``GRPOTrainer``: one toolgym episode per prompt, generated by the trainer.
+
+    Args:
+        env_id: a registered toolgym env id (``"toolgym/Calculator-v0"``), or a callable
+            ``fn(num_envs=n, **env_kwargs) -> ToolVectorEnv`` for unregistered envs.
+        tasks: the task rows the prompts refer to (looked up by ``id``, then by prompt text). Prompts not found
+            raise a clear ``KeyError``.
+        env_kwargs: forwarded to the env (the trainer's tokenizer is passed as ``tokenizer`` unless given).
+        max_turn_tokens: tokens sampled per assistant turn.
+        max_completion_length: completion budget (default: ``trainer.max_completion_length``).
+        trajectory_dir: if set, each call appends its trajectories to ``trajectory_dir/rank{r}.jsonl``.
+        schedule: ``"lockstep"`` (required on several processes) or ``"continuous"`` (one process only).
+
+    Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
+    (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),
+    ``env_reward`` (the episode reward), ``env_outcome``, ``env_tool_calls``, ``env_turns``, ``env_truncated``,
+    ``env_errors`` (list of error kinds), ``task_id``.
+
+    Attributes:
+        last_trajectories: the trajectories of the last call; ``policy``: the :class:`TRLPolicy` in use.
+    """
+
+    def __init__(
+        self,
+        env_id: str | Any,
+        tasks: Sequence[Mapping[str, Any]],
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        max_turn_tokens: int = 128,
+        max_completion_length: int | None = None,
+        trajectory_dir: str | Path | None = None,
+        schedule: str = "lockstep",
+    ) -> None:
+        self.env_id = env_id
+        self.tasks = [dict(t) for t in tasks]
+        self.by_id = {str(t["id"]): t for t in self.tasks}
+        self.by_prompt = {str(t["prompt"]): t for t in self.tasks if "prompt" in t}
+        self.env_kwargs = dict(env_kwargs or {})
+        self.max_turn_tokens = max_turn_tokens
+        self.max_completion_length = max_completion_length
+        self.trajectory_dir = Path(trajectory_dir) if trajectory_dir is not None else None
+        self.schedule = schedule
+        self.venv: Any = None
+        self.policy: TRLPolicy | None = None
+        self.last_trajectories: list[Trajectory] = []
+        self.__name__ = "toolgym_rollout"
+
+    def task_for(self, prompt: Any) -> dict[str, Any]:
+        key = prompt_key(prompt)
+        task = self.by_id.get(key) or self.by_prompt.get(key)
+        if task is None:
+            raise KeyError(
+                f"prompt {key[:80]!r} matches no task id or prompt given to ToolgymRollout "
+                "(build the dataset with trainers.rollout_func.make_dataset(tasks))"
+            )
+        return task
+
+    def _env(self, trainer: Any, n: int) -> Any:
+        if self.venv is None or self.venv.num_envs != n:
+            import gymnasium as gym
+            from gymnasium.vector import AutoresetMode
+
+            import toolgym  # noqa: F401
+
+            if self.venv is not None:
+                self.venv.close()
+            kwargs = dict(self.env_kwargs)
+            kwargs.setdefault("tokenizer", trainer.processing_class)
+            if callable(self.env_id):
+                self.venv = self.env_id(num_envs=n, **kwargs)
+            else:
+                self.venv = gym.make_vec(self.env_id, num_envs=n, autoreset_mode=AutoresetMode.DISABLED, **kwargs)
+        return self.venv
+
+    def _context_limit(self, trainer: Any) -> int | None:
+        cfg = getattr(getattr(trainer, "model", None), "config", None)
+        cfg = getattr(cfg, "text_config", None) or cfg
+        return getattr(cfg, "max_position_embeddings", None)
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        if self.policy is None or self.policy.trainer is not trainer:
+            self.policy = TRLPolicy(trainer)
+        policy = self.policy
+        if policy.world_size > 1 and self.schedule != "lockstep":
+            raise ValueError("several processes need the lock-step schedule (collective generation)")
+        budget = int(self.max_completion_length or trainer.max_completion_length)
+        tasks = [self.task_for(p) for p in prompts]
+        venv = self._env(trainer, len(prompts))
+        driver = RolloutDriver(
+            venv, policy, schedule=self.schedule,  # type: ignore[arg-type]
+            max_turn_tokens=min(self.max_turn_tokens, budget), max_completion_tokens=budget,
+            sync_fn=policy.sync_count if policy.world_size > 1 else None,
+        )
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        rank = int(trainer.accelerator.process_index)
+        seeds = [int(getattr(trainer.args, "seed", 0)) * 1_000_003 + step * 10_007 + rank * 1009 + i
+                 for i in range(len(tasks))]
+        trajs = driver.run(tasks, seeds=seeds)
+        ctx = self._context_limit(trainer)
+        for t in trajs:
+            driver.clip(t)
+            if ctx is not None and len(t.prompt_ids) + len(t.completion_ids) > ctx:
+                keep = max(0, ctx - len(t.prompt_ids))
+                t.completion_ids, t.loss_mask = t.completion_ids[:keep], t.loss_mask[:keep]
+                if t.logprobs is not None:
+                    t.logprobs = t.logprobs[:keep]
+        self.last_trajectories = trajs
+        self.last_stats = driver.stats
+        if self.trajectory_dir is not None:
+            from toolgym.rollout import write_trajectories
+
+            for t in trajs:
+                t.task = {**t.task, "_step": step}
+            write_trajectories(self.trajectory_dir / f"rank{rank}.jsonl", trajs, append=True)
+        logprobs = [t.logprobs for t in trajs]
+        return {
+            "prompt_ids": [list(t.prompt_ids) for t in trajs],
+            "completion_ids": [list(t.completion_ids) for t in trajs],
+            "logprobs": None if any(lp is None for lp in logprobs) else [list(lp) for lp in logprobs],
+            "env_mask": [list(t.loss_mask) for t in trajs],
+            "env_reward": [float(t.reward) for t in trajs],
+            "env_outcome": [float(t.outcome_reward) for t in trajs],
+            "env_tool_calls": [int(t.num_tool_calls) for t in trajs],
+            "env_turns": [len(t.turns) for t in trajs],
+            "env_truncated": [bool(t.truncated) for t in trajs],
+            "env_errors": [list(t.error_kinds) for t in trajs],
+            "task_id": [str(t.task.get("id", "")) for t in trajs],
+        }
+
+
+def env_reward(
+    prompts: list[Any] | None = None,
+    completions: list[Any] | None = None,
+    env_reward: list[float] | None = None,
+    env_outcome: list[float] | None = None,
+    env_tool_calls: list[int] | None = None,
+    env_turns: list[int] | None = None,
+    env_truncated: list[bool] | None = None,
+    env_errors: list[list[str]] | None = None,
+    log_metric: Any = None,
+    **_: Any,
+) -> list[float]:
+    """TRL reward function: pass the env's episode reward through (``rewards/env_reward/mean`` in TRL's logs)
+    and log ``toolgym/*`` metrics: success (outcome >= 1), tool-call rate (episodes with a call), calls per
+    episode, turns, truncated fraction, and ``toolgym/errors/<kind>`` (errors per episode) for every
+    :class:`~toolgym.tools.base.ToolErrorKind` (always all kinds, so every rank logs the same names)."""
+    if env_reward is None:
+        raise ValueError("env_reward needs the `env_reward` field: use it with trainers.rollout_func.ToolgymRollout")
+    n = len(env_reward)
+    if log_metric is not None and n:
+        if env_outcome is not None:
+            log_metric("toolgym/success", float(np.mean([o >= 1.0 for o in env_outcome])))
+        if env_tool_calls is not None:
+            log_metric("toolgym/tool_call_rate", float(np.mean([c > 0 for c in env_tool_calls])))
+            log_metric("toolgym/calls_per_episode", float(np.mean(env_tool_calls)))
+        if env_turns is not None:
+            log_metric("toolgym/turns", float(np.mean(env_turns)))
+        if env_truncated is not None:
+            log_metric("toolgym/truncated", float(np.mean(env_truncated)))
+        if env_errors is not None:
+            for kind in ToolErrorKind:
+                log_metric(f"toolgym/errors/{kind.value}", sum(e.count(kind.value) for e in env_errors) / n)
+    return [float(r) for r in env_reward]

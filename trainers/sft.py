@@ -1,0 +1,207 @@
+"""RFT / SFT on trajectories: roll out (any policy, including a scripted oracle), keep the episodes whose reward
+clears a threshold, and fine-tune on them with the env's loss mask (only tokens the policy sampled are trained).
+
+The fine-tuning itself is TRL's ``SFTTrainer`` on a pre-tokenised dataset: ``input_ids`` = prompt + completion
+and ``assistant_masks`` = 0 on the prompt, then the trajectory's ``loss_mask`` (TRL turns mask-0 positions into
+label -100). Nothing is re-tokenised: the ids are the env's.
+
+CLI (RFT with the oracle on Calculator-v0, then save)::
+
+    python -m trainers.sft --env toolgym/Calculator-v0 --episodes 64 --output-dir runs/sft
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.rollout import EpisodeState, Policy, RolloutDriver, ScriptedPolicy, summarize
+from toolgym.trajectory import Trajectory
+
+__all__ = [
+    "ORACLES",
+    "calculator_oracle",
+    "collect",
+    "oracle_policy",
+    "sft_dataset",
+    "train_sft",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Oracles
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def calculator_oracle(state: EpisodeState) -> str:
+    """Calculator-v0 oracle: call ``calculator`` with the task's expression, then answer with its result."""
+    env = state.env
+    if state.turn == 0:
+        return env.format.parser.format_calls([("calculator", {"expression": state.task["expression"]})])
+    traj = state.trajectory
+    results = traj.turns[-1].results if traj is not None and traj.turns else []
+    value = results[0].content.strip() if results and results[0].error_kind is None else str(state.task["answer"])
+    return f"<answer>{value}</answer>"
+
+
+#: env id -> oracle script (``fn(EpisodeState) -> str``). Envs may instead define ``oracle(state)`` themselves.
+ORACLES: dict[str, Callable[[EpisodeState], str]] = {"toolgym/Calculator-v0": calculator_oracle}
+
+
+def oracle_policy(env_id: str | None = None) -> ScriptedPolicy:
+    """A :class:`~toolgym.rollout.ScriptedPolicy` running the oracle of ``env_id`` (from :data:`ORACLES`), or the
+    env's own ``oracle(state)`` method when ``env_id`` is ``None`` or not listed."""
+    script = ORACLES.get(env_id or "")
+    if script is not None:
+        return ScriptedPolicy(script)
+
+    def from_env(state: EpisodeState) -> str:
+        fn = getattr(state.env, "oracle", None)
+        if fn is None:
+            raise ValueError(f"no oracle for env {env_id!r}: add one to trainers.sft.ORACLES or define env.oracle()")
+        return fn(state)
+
+    return ScriptedPolicy(from_env)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rejection sampling and SFT
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def collect(
+    env: Any,
+    policy: Policy,
+    tasks: Sequence[Mapping[str, Any] | None],
+    *,
+    threshold: float = 1.0,
+    seeds: Sequence[int | None] | int | None = 0,
+    schedule: str = "lockstep",
+    max_turn_tokens: int = 128,
+    num_envs: int = 16,
+    env_kwargs: Mapping[str, Any] | None = None,
+    trajectory_path: str | Path | None = None,
+) -> tuple[list[Trajectory], list[Trajectory]]:
+    """Roll out one episode per task and keep those with ``reward >= threshold`` (rejection sampling).
+
+    Returns ``(kept, all)``. ``env`` is a vector env or an env id (built with ``num_envs`` / ``env_kwargs``).
+    """
+    driver = RolloutDriver(
+        env, policy, schedule=schedule, max_turn_tokens=max_turn_tokens,  # type: ignore[arg-type]
+        num_envs=num_envs, env_kwargs=env_kwargs,
+    )
+    trajs = driver.run(tasks, seeds=seeds, trajectory_path=trajectory_path)
+    return [t for t in trajs if t.reward >= threshold], trajs
+
+
+def sft_dataset(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> Any:
+    """A ``datasets.Dataset`` with ``input_ids`` (prompt + completion) and ``assistant_masks`` (0 on the prompt,
+    then the loss mask: 1 only on tokens the policy sampled). Accepts trajectories or their JSONL dicts."""
+    from datasets import Dataset
+
+    ids, masks = [], []
+    for t in trajectories:
+        get = (lambda k, t=t: t[k]) if isinstance(t, Mapping) else (lambda k, t=t: getattr(t, k))
+        p, c, m = list(get("prompt_ids")), list(get("completion_ids")), list(get("loss_mask"))
+        if len(c) != len(m):
+            raise ValueError(f"completion_ids ({len(c)}) and loss_mask ({len(m)}) differ in length")
+        ids.append(p + c)
+        masks.append([0] * len(p) + [int(x) for x in m])
+    return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks})
+
+
+def train_sft(
+    model: Any,
+    tokenizer: Any,
+    trajectories: Sequence[Trajectory | Mapping[str, Any]],
+    *,
+    output_dir: str | Path,
+    epochs: float = 1.0,
+    max_steps: int = -1,
+    learning_rate: float = 5e-5,
+    batch_size: int = 4,
+    gradient_accumulation_steps: int = 1,
+    seed: int = 0,
+    logging_steps: int = 5,
+    save: bool = False,
+    disable_tqdm: bool | None = None,
+    **sft_kwargs: Any,
+) -> Any:
+    """Fine-tune ``model`` on ``trajectories`` with the env's loss mask (TRL ``SFTTrainer``); returns the trainer.
+
+    ``model`` is trained in place. ``save=True`` writes it (and the tokenizer) to ``output_dir``.
+    Extra keyword arguments go to ``trl.SFTConfig``.
+    """
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    if not trajectories:
+        raise ValueError("train_sft: no trajectories (did any episode clear the reward threshold?)")
+    ds = sft_dataset(trajectories)
+    args = SFTConfig(
+        output_dir=str(output_dir),
+        num_train_epochs=epochs,
+        max_steps=max_steps,
+        learning_rate=learning_rate,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        max_length=None,
+        logging_steps=logging_steps,
+        save_strategy="no",
+        report_to=[],
+        seed=seed,
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=disable_tqdm if disable_tqdm is not None else False,
+        **sft_kwargs,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
+    trainer.train()
+    model.eval()
+    if save:
+        trainer.save_model(str(output_dir))
+        tokenizer.save_pretrained(str(output_dir))
+    return trainer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="RFT/SFT on toolgym trajectories")
+    ap.add_argument("--env", default="toolgym/Calculator-v0")
+    ap.add_argument("--model", default=None, help="model path/id (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--policy", choices=["oracle", "model"], default="oracle", help="who collects the episodes")
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--threshold", type=float, default=1.0)
+    ap.add_argument("--epochs", type=float, default=2.0)
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output-dir", default="runs/sft")
+    a = ap.parse_args(argv)
+
+    import torch
+
+    from toolgym.models import load_model
+    from toolgym.rollout import TransformersPolicy, write_trajectories
+
+    torch.manual_seed(a.seed)
+    model, tok = load_model(a.model)
+    policy: Policy = oracle_policy(a.env) if a.policy == "oracle" else TransformersPolicy(model, tok, seed=a.seed)
+    kept, alltr = collect(a.env, policy, [None] * a.episodes, threshold=a.threshold, seeds=a.seed,
+                          env_kwargs={"tokenizer": tok})
+    print(f"collected {len(alltr)} episodes, kept {len(kept)} (reward >= {a.threshold}): {summarize(alltr)}")
+    os.makedirs(a.output_dir, exist_ok=True)
+    write_trajectories(Path(a.output_dir) / "sft_trajectories.jsonl", kept)
+    train_sft(model, tok, kept, output_dir=a.output_dir, epochs=a.epochs, learning_rate=a.lr,
+              batch_size=a.batch_size, seed=a.seed, save=True)
+    print(f"saved to {a.output_dir}")
+
+
+if __name__ == "__main__":
+    main()
