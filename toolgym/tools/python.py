@@ -56,16 +56,19 @@ try:
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         opts = ("size=%d,mode=1777" % cfg["tmpfs_bytes"]).encode()
+        # hold the bind sources open first: a source under /tmp is hidden once the private tmpfs covers /tmp
+        fds = [os.open(src, os.O_RDONLY | os.O_DIRECTORY) for src, _ in cfg["binds"]]
         for d in cfg["mounts"]:
             if libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, opts) != 0:  # MS_NOSUID | MS_NODEV
                 e = ctypes.get_errno()
                 raise OSError(e, "mount tmpfs on %s: %s" % (d, os.strerror(e)))
-        for src, dst in cfg["binds"]:  # read-only views of interpreter dirs the dropped uid cannot traverse to
+        for fd, (src, dst) in zip(fds, cfg["binds"]):  # read-only views of interpreter dirs
             os.makedirs(dst, exist_ok=True)
-            if libc.mount(src.encode(), dst.encode(), None, 4096, None) != 0 or libc.mount(
+            if libc.mount(("/proc/self/fd/%d" % fd).encode(), dst.encode(), None, 4096, None) != 0 or libc.mount(
                     None, dst.encode(), None, 4096 | 32 | 1 | 2 | 4, None) != 0:  # MS_BIND, then REMOUNT|RDONLY
                 e = ctypes.get_errno()
                 raise OSError(e, "bind %s: %s" % (src, os.strerror(e)))
+            os.close(fd)
     def _remap(p):
         for src, dst in cfg["binds"]:
             if p == src or p.startswith(src + "/"):
@@ -296,7 +299,12 @@ class Sandbox:
         self._binds: list[tuple[str, str]] = []
         self.drop_privileges = self.is_root
         if self.is_root:
-            hidden = [p for p in dict.fromkeys((sys.base_prefix, sys.prefix)) if not _world_readable(p)]
+            # prefixes the dropped uid cannot reach, and prefixes under a directory the private tmpfs covers
+            # (e.g. a virtualenv in a checkout under /tmp)
+            hidden = [
+                p for p in dict.fromkeys((sys.base_prefix, sys.prefix))
+                if not _world_readable(p) or (ns and any(_under(p, d) for d in self._mounts))
+            ]
             if hidden and ns:
                 self._binds = [(p, f"/tmp/.toolgym-python/{i}") for i, p in enumerate(hidden)]
             elif hidden:  # no mount namespace: the dropped uid could not import the stdlib
@@ -577,6 +585,12 @@ class Sandbox:
                 await asyncio.wait_for(w.proc.communicate(), 5.0)  # reads to EOF: closes the pipes
             _close_transport(w.proc)
             self._release(w.uid_slot, w.host_dir)
+
+
+def _under(path: str, directory: str) -> bool:
+    """``True`` when ``path`` (symlinks resolved) is ``directory`` or inside it."""
+    p, d = os.path.realpath(path), os.path.realpath(directory)
+    return p == d or p.startswith(d.rstrip("/") + "/")
 
 
 def _world_readable(path: str) -> bool:
