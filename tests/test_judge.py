@@ -184,7 +184,8 @@ async def test_failover_to_a_live_endpoint_when_one_is_down(fault_servers, model
     m = judge.metrics()
     assert m["failed"] == 0 and live.hits == 8
     dead_stats = m["endpoints"][dead]
-    assert 1 <= dead_stats["failures"].get("connection", 0) <= 8
+    n_conn = dead_stats["failures"].get("connection", 0)
+    assert n_conn >= 1 and n_conn <= 8
     # once marked down, a later request goes straight to the live endpoint
     before = judge.counts["http_attempts"]
     assert await judge.outcome(traj("later"), TASK) == pytest.approx(0.9)

@@ -175,6 +175,12 @@ def plot_training_curves(
         ax2.set_title("tool errors by kind")
         ax2.grid(alpha=0.3)
         ax2.legend()
+    return _save(fig, out)
+
+
+def _save(fig: Any, out: str | Path) -> Path:
+    """Lay out, write ``fig`` as a PNG at ``out`` (parents created) and close it."""
+    plt = _pyplot()
     fig.tight_layout()
     p = Path(out)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -286,9 +292,4 @@ def plot_latency_histogram(
         ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    p = Path(out)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    return p
+    return _save(fig, out)
