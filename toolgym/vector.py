@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -213,8 +212,3 @@ def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:
         if key in (m.name.replace("_", "").lower(), m.value.lower()):
             return m
     raise ValueError(f"unknown autoreset mode {mode!r}; use one of {[m.value for m in AutoresetMode]}")
-
-
-def _space_vocab(space: spaces.Space[Any]) -> int:  # pragma: no cover - small helper for callers
-    assert isinstance(space, spaces.Sequence) and isinstance(space.feature_space, spaces.Discrete)
-    return int(space.feature_space.n)

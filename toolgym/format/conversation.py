@@ -16,7 +16,6 @@ the model sampled:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,13 +154,6 @@ class ChatFormat:
         return msg
 
 
-@dataclass
-class _Built:
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-
-
 class Conversation:
     """One episode's messages and tokens, kept in lock-step.
 
@@ -276,7 +268,3 @@ class Conversation:
 def as_int_array(ids: Sequence[int]) -> np.ndarray:
     """``ids`` as a 1-D ``np.int64`` array (the token observation/action dtype)."""
     return np.asarray(ids, dtype=np.int64).reshape(-1)
-
-
-def dumps_arguments(arguments: Mapping[str, Any]) -> str:
-    return json.dumps(arguments, ensure_ascii=False)

@@ -8,7 +8,6 @@ concurrently across a batch. Plain callables are accepted everywhere a reward is
 from __future__ import annotations
 
 import abc
-import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -73,10 +72,6 @@ def as_reward(obj: RewardLike | None) -> Reward | None:
     if callable(obj):
         return FunctionReward(obj)
     raise TypeError(f"not a reward: {obj!r}")
-
-
-async def gather_floats(*aws: Any) -> list[float]:
-    return [float(x) for x in await asyncio.gather(*aws)]
 
 
 async def outcome_with_components(

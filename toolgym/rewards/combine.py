@@ -22,10 +22,6 @@ from toolgym.trajectory import Trajectory, Turn
 __all__ = ["Combine", "outcome_with_components", "score_batch", "turn_with_components"]
 
 
-_child_outcome = outcome_with_components
-_child_turn = turn_with_components
-
-
 class Combine(Reward):
     """A weighted sum of rewards.
 
@@ -72,13 +68,13 @@ class Combine(Reward):
 
     async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
         kids = [(label, r, w) for label, r, w in self.children if type(r).outcome is not Reward.outcome]
-        results = await asyncio.gather(*(_child_outcome(r, trajectory, task) for _, r, _ in kids))
+        results = await asyncio.gather(*(outcome_with_components(r, trajectory, task) for _, r, _ in kids))
         self._state.set(self._merge([k[0] for k in kids], list(results)))
         return sum(w * v for (_, _, w), (v, _) in zip(kids, results, strict=True))
 
     async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
         kids = [(label, r, w) for label, r, w in self.children if r.per_turn]
-        results = await asyncio.gather(*(_child_turn(r, turn, trajectory, task) for _, r, _ in kids))
+        results = await asyncio.gather(*(turn_with_components(r, turn, trajectory, task) for _, r, _ in kids))
         self._state.set(self._merge([k[0] for k in kids], list(results)))
         return sum(w * v for (_, _, w), (v, _) in zip(kids, results, strict=True))
 
@@ -99,4 +95,4 @@ async def score_batch(
     task_list = [t.task for t in trajectories] if tasks is None else list(tasks)
     if len(task_list) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories but {len(task_list)} tasks")
-    return list(await asyncio.gather(*(_child_outcome(r, t, k) for t, k in zip(trajectories, task_list, strict=True))))
+    return list(await asyncio.gather(*(outcome_with_components(r, t, k) for t, k in zip(trajectories, task_list, strict=True))))
