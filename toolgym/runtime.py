@@ -58,6 +58,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 async def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the runtime loop from any loop; cancelling the caller cancels the work."""
+    if _thread is not None and threading.current_thread() is _thread:  # already there: no hop, no lock
+        return await coro
     loop = get_loop()
     try:
         running = asyncio.get_running_loop()

@@ -101,7 +101,7 @@ class ToolVectorEnv(VectorEnv):
         if tasks is not None and len(tasks) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} tasks, got {len(tasks)}")
         obs: list[np.ndarray] = []
-        infos: dict[str, Any] = {}
+        pairs: list[tuple[int, dict[str, Any]]] = []
         for i, env in enumerate(self.envs):
             if not mask[i]:
                 obs.append(_EMPTY)
@@ -111,10 +111,10 @@ class ToolVectorEnv(VectorEnv):
                 opts["task"] = tasks[i]
             o, info = env.reset(seed=seeds[i], options=opts or None)
             obs.append(o)
-            infos = self._add_info(infos, info, i)
+            pairs.append((i, info))
             self._autoreset[i] = False
             self._active[i] = True
-        return tuple(obs), infos
+        return tuple(obs), self._merge_infos({}, pairs)
 
     # -- step -------------------------------------------------------------------------------------
     def step(
@@ -140,12 +140,12 @@ class ToolVectorEnv(VectorEnv):
         terms = np.zeros(n, dtype=bool)
         truncs = np.zeros(n, dtype=bool)
         stepped = np.zeros(n, dtype=bool)
-        infos: dict[str, Any] = {}
+        pairs: list[tuple[int, dict[str, Any]]] = []  # (sub-env, info): merged into batched arrays at the end
         todo: list[int] = []
         for i, a in enumerate(actions):
             if self.autoreset_mode == AutoresetMode.NEXT_STEP and self._autoreset[i]:
                 obs[i], info = self.envs[i].reset()
-                infos = self._add_info(infos, info, i)
+                pairs.append((i, info))
                 self._autoreset[i] = False
                 self._active[i] = True
             elif a is not None:
@@ -159,6 +159,7 @@ class ToolVectorEnv(VectorEnv):
         if errors:
             i, err = errors[0]
             raise RuntimeError(f"sub-env {i} failed in step: {err!r}") from err
+        final: list[tuple[int, dict[str, Any]]] = []
         for i, (o, r, te, tr, info) in zip(todo, results, strict=True):  # type: ignore[misc]
             stepped[i] = True
             obs[i], rewards[i], terms[i], truncs[i] = o, r, te, tr
@@ -169,12 +170,49 @@ class ToolVectorEnv(VectorEnv):
                 elif self.autoreset_mode == AutoresetMode.SAME_STEP:
                     new_obs, reset_info = self.envs[i].reset()
                     self._active[i] = True
-                    infos = self._add_info(infos, {"final_obs": o, "final_info": info}, i)
+                    final.append((i, {"final_obs": o, "final_info": info}))
                     info = reset_info
                     obs[i] = new_obs
-            infos = self._add_info(infos, info, i)
+            pairs.append((i, info))
+        infos = self._merge_infos(self._merge_infos({}, final), pairs)
         infos["stepped"] = stepped
         return tuple(obs), rewards, terms, truncs, infos
+
+    def _merge_infos(self, infos: dict[str, Any], pairs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
+        """Gymnasium's ``VectorEnv._add_info`` applied to many ``(sub-env index, info)`` pairs at once: the same
+        arrays, dtypes and ``_key`` masks, built with one pass per key instead of one call per sub-env and key."""
+        if not pairs:
+            return infos
+        n = self.num_envs
+        by_key: dict[str, list[tuple[int, Any]]] = {}
+        for i, info in pairs:
+            for k, v in info.items():
+                items = by_key.get(k)
+                if items is None:
+                    by_key[k] = [(i, v)]
+                else:
+                    items.append((i, v))
+        for key, items in by_key.items():
+            first = items[0][1]
+            if key != "final_obs" and isinstance(first, dict):
+                array = self._merge_infos(infos.get(key, {}), items)
+            else:
+                array = infos.get(key)
+                if array is None:
+                    if key != "final_obs" and (type(first) in (int, float, bool) or isinstance(first, np.number)):
+                        array = np.zeros(n, dtype=type(first))
+                    elif key != "final_obs" and isinstance(first, np.ndarray):
+                        array = np.zeros((n, *first.shape), dtype=first.dtype)
+                    else:
+                        array = np.full(n, fill_value=None, dtype=object)
+                for i, v in items:
+                    array[i] = v
+            mask = infos.get(f"_{key}")
+            if mask is None:
+                mask = np.zeros(n, dtype=np.bool_)
+            mask[[i for i, _ in items]] = True
+            infos[key], infos[f"_{key}"] = array, mask
+        return infos
 
     # -- misc -------------------------------------------------------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
-from toolgym.tools.base import Seconds, Tool, ToolResult
+from toolgym.tools.base import Seconds, Tool
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
 
@@ -186,9 +186,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         obs = _EMPTY
         if turn.calls:
             turn.results = await runtime.run_async(self.executor.run_many(turn.calls))
-            contents = [self._clip(r) for r in turn.results]
-            payload = [(r.call.name or "error", c, r.call.id) for r, c in zip(turn.results, contents, strict=True)]
+            payload = [(r.call.name or "error", r.content, r.call.id) for r in turn.results]
             obs_ids = conv.observation(payload)
+            if self._may_need_clip(payload, obs_ids):  # rare: measure each result alone, cut, re-encode
+                payload = [(n, self._clip(c), i) for n, c, i in payload]
+                obs_ids = conv.observation(payload)
             if turn.index + 1 >= self.max_turns:
                 truncated = True
             elif len(conv) + len(obs_ids) >= self.max_episode_tokens:
@@ -235,9 +237,18 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         info["env_time_s"] = Seconds(time.perf_counter() - t0)
         return obs, reward, terminated, truncated, info
 
-    def _clip(self, result: ToolResult) -> str:
-        """The result's text cut to ``max_obs_tokens`` tokens (cheap path when the bytes already fit)."""
-        text = result.content
+    def _may_need_clip(self, payload: Sequence[tuple[str, str, str]], obs_ids: Sequence[int]) -> bool:
+        """``False`` when no result can be longer than ``max_obs_tokens`` tokens: every result is at most that
+        many bytes, or the observation, less its fixed framing, has a few tokens to spare (each result is encoded
+        alone only when this says ``True``: one encode per step instead of two)."""
+        limit = self.max_obs_tokens
+        if all(len(c.encode("utf-8", "replace")) <= limit for _, c, _ in payload):
+            return False
+        frame = self.format.observation_frame_len(tuple(n for n, _, _ in payload))
+        return len(obs_ids) - frame > limit - 4  # 4: tokens a result may gain alone at its two boundaries
+
+    def _clip(self, text: str) -> str:
+        """``text`` cut to ``max_obs_tokens`` tokens, with a ``[truncated]`` marker when cut."""
         if len(text.encode("utf-8", "replace")) <= self.max_obs_tokens:
             return text
         ids = self.format.encode(text)

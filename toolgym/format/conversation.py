@@ -16,6 +16,7 @@ the model sampled:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,18 @@ __all__ = ["ChatFormat", "Conversation"]
 
 _PLACEHOLDER = "\x00TOOLGYM_{}\x00"
 _PROBE = 'probe\n{"k": [1, 2]} <b>&amp;</b> \'q\' "dq" \\ end'
+
+
+@dataclass
+class _RenderCache:
+    """Template renderings that depend only on the tokenizer, template, end-of-turn token and template variables."""
+
+    verbatim: bool | None = None  # does the template insert tool contents verbatim (checked once with a probe)?
+    skeletons: dict[tuple[str, ...], str] = field(default_factory=dict)  # tool names -> delta with placeholders
+    frame_lens: dict[tuple[str, ...], int] = field(default_factory=dict)  # tool names -> tokens besides contents
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _RenderCache]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -63,6 +76,7 @@ class ChatFormat:
         # The fast tokenizer's Rust backend, called directly: same ids as ``tokenizer.encode`` without the
         # Python wrapper's per-call overhead (and ``decode`` without clean-up, i.e. verbatim).
         self._backend = getattr(tok, "backend_tokenizer", None)
+        self._fast_encode = getattr(self._backend, "encode_batch_fast", None)  # tokenizers >= 0.20
         self.vocab_size: int = len(tok)
         ids = self.encode(self.eot_token)
         if len(ids) != 1:
@@ -71,8 +85,16 @@ class ChatFormat:
         self.stop_ids: frozenset[int] = frozenset(
             {self.eot_id} | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
         )
-        self._delta_skeletons: dict[tuple[str, ...], str | None] = {}
-        self._verbatim: bool | None = None
+        # Template renderings are cached per (tokenizer, template, end-of-turn token, template variables), shared
+        # by every ChatFormat built alike: the sub-envs of a vector env render each skeleton once, not once each.
+        key = (self.chat_template, self.eot_token, repr(sorted(self.template_kwargs.items())))
+        try:
+            cache = _SHARED.setdefault(tok, {}).setdefault(key, _RenderCache())
+        except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: a cache of its own
+            cache = _RenderCache()
+        self._cache = cache
+        self._delta_skeletons = cache.skeletons
+        self._frame_lens = cache.frame_lens
 
     # -- rendering --------------------------------------------------------------------------------
     def render(
@@ -87,6 +109,8 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no BOS/EOS added (template text already carries its special tokens)."""
+        if self._fast_encode is not None:  # same ids, without computing offsets (about a third faster)
+            return self._fast_encode([text], add_special_tokens=False)[0].ids
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -113,9 +137,9 @@ class ChatFormat:
         names and contents are substituted, so a step costs no template rendering.
         """
         key = tuple(str(m.get("name", "")) for m in tool_messages)
-        if self._verbatim is None:
-            self._verbatim = self._check_verbatim()
-        if self._verbatim:
+        if self._cache.verbatim is None:
+            self._cache.verbatim = self._check_verbatim()
+        if self._cache.verbatim:
             skel = self._delta_skeletons.get(key)
             if skel is None:
                 msgs = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(tool_messages)]
@@ -125,6 +149,14 @@ class ChatFormat:
                 out = out.replace(_PLACEHOLDER.format(i), str(m.get("content", "")), 1)
             return out
         return self._render_delta(tool_messages)
+
+    def observation_frame_len(self, names: tuple[str, ...]) -> int:
+        """Tokens an observation for tool results named ``names`` has besides their contents (cached)."""
+        n = self._frame_lens.get(names)
+        if n is None:
+            msgs = [self.tool_message(name, "") for name in names]
+            n = self._frame_lens[names] = len(self.encode(self.tool_delta(msgs, [])))
+        return n
 
     def _render_delta(self, tool_messages: Sequence[Mapping[str, Any]]) -> str:
         # The stand-in assistant turn ends with a marker: the delta is what follows "marker + end-of-turn". (Comparing
@@ -223,7 +255,7 @@ class Conversation:
         if ids is None:
             ids = self.observation(results)
         start = len(self.completion_ids)
-        self.completion_ids.extend(int(i) for i in ids)
+        self.completion_ids.extend(ids if type(ids) is list and (not ids or type(ids[0]) is int) else [int(i) for i in ids])
         self.loss_mask.extend([0] * len(ids))
         self.messages.extend(self.fmt.tool_message(n, c, i) for n, c, i in results)
         self._pending_obs = True

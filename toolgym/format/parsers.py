@@ -102,7 +102,12 @@ def list_parsers() -> list[str]:
     return sorted(_REGISTRY)
 
 
+_JSON_DECODER = json.JSONDecoder()
+
+
 def _split_reasoning(text: str) -> tuple[str, str]:
+    if "think>" not in text:  # no <think> / </think> at all: the common case, no regex pass
+        return text, ""
     reasoning = []
 
     def grab(m: re.Match[str]) -> str:
@@ -190,7 +195,7 @@ class HermesParser(ToolCallParser):
         if not payload:
             return ToolCall("", raw=raw, parse_error="empty tool call")
         try:
-            obj, end = json.JSONDecoder().raw_decode(payload)
+            obj, end = _JSON_DECODER.raw_decode(payload)
         except json.JSONDecodeError as e:
             return ToolCall("", raw=raw, parse_error=f"invalid JSON in tool call: {e.msg} at char {e.pos}")
         except RecursionError:

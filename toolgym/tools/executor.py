@@ -188,6 +188,8 @@ class ToolExecutor:
     # -- running ----------------------------------------------------------------------------------
     async def run_many(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Run ``calls`` concurrently; results come back in the same order."""
+        if len(calls) == 1:  # the common case: no extra task
+            return [await self.run(calls[0])]
         return list(await asyncio.gather(*(self.run(c) for c in calls)))
 
     async def run(self, call: ToolCall) -> ToolResult:
@@ -251,7 +253,10 @@ class ToolExecutor:
                 m.in_flight += 1
                 m.max_in_flight = max(m.max_in_flight, m.in_flight)
                 try:
-                    content = await asyncio.wait_for(tool.acall(call.arguments), timeout)
+                    # a deadline on this task (no helper task, unlike ``wait_for`` before Python 3.12); on expiry
+                    # the tool is cancelled and ``TimeoutError`` raised here
+                    async with asyncio.timeout(timeout):
+                        content = await tool.acall(call.arguments)
                     kind = None
                 except TimeoutError:
                     kind, content = ToolErrorKind.TIMEOUT, f"tool {call.name!r} timed out after {timeout:g} s"
