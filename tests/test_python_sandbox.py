@@ -1,13 +1,20 @@
 """The Python sandbox under attack, the python tool's classification, word problems and Python-v0 episodes.
 
 Every adversarial snippet must be contained (host files, host processes and other concurrent calls unaffected,
-no process left behind) and reported as a classified result.
+no process left behind) and reported as a classified result. Workers are forked by a fork server; the tests
+also kill that server mid-call and check that consecutive snippets share nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -28,8 +35,9 @@ LIMITS = SandboxLimits(wall_s=3.0, cpu_s=2, memory_mb=256, max_procs=16, max_out
 needs_ns = pytest.mark.skipif(not NS, reason="network/PID/mount namespaces need root + unshare on this host")
 
 
-def _sandbox_pids(sb: Sandbox) -> list[int]:
-    """Host pids of processes owned by the sandbox's per-worker uids (empty when none are left)."""
+def _sandbox_pids(sb: Sandbox, zombies: bool = True) -> list[int]:
+    """Host pids of processes owned by the sandbox's per-worker uids (empty when none are left); ``zombies=False``
+    skips exited processes still waiting to be reaped."""
     if not sb.drop_privileges:
         return []
     lo, hi = sb.uid_base, sb.uid_base + 1024
@@ -38,22 +46,24 @@ def _sandbox_pids(sb: Sandbox) -> list[int]:
         if d.isdigit():
             try:
                 uid = os.stat(f"/proc/{d}").st_uid
+                with open(f"/proc/{d}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if lo <= uid < hi:
+            if lo <= uid < hi and (zombies or state != "Z"):
                 pids.append(int(d))
     return pids
 
 
-async def _no_leftovers(sb: Sandbox) -> list[int]:
+async def _no_leftovers(sb: Sandbox, zombies: bool = True) -> list[int]:
     """Close the sandbox (killing its idle warm workers), then wait until no process of its uids is left."""
     await sb.aclose()
     for _ in range(50):
-        left = _sandbox_pids(sb)
+        left = _sandbox_pids(sb, zombies)
         if not left:
             return []
         await asyncio.sleep(0.1)
-    return _sandbox_pids(sb)
+    return _sandbox_pids(sb, zombies)
 
 
 @pytest.fixture
@@ -273,6 +283,126 @@ async def test_no_namespace_mode_still_limits_and_cleans_up():
     r = await sb.run("x = bytearray(2 * 1024**3)")
     assert r.status == "memory_limit"
     await sb.aclose()
+
+
+async def test_a_snippet_cannot_leave_its_process_group(sandbox):
+    # it leads its own session, so setsid() fails and the wall-clock kill reaches it; clearing its parent-death
+    # signal does not help either (an earlier design lost sleeping snippets that did this)
+    code = ("import ctypes, os, time\ntry:\n    os.setsid()\n    print('escaped')\nexcept OSError as e:\n"
+            "    print('setsid', e.errno)\nctypes.CDLL(None).prctl(1, 0)\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    r = await sandbox.run(code)
+    assert r.status == "timeout" and r.stdout == "setsid 1\nsleeping\n"
+    assert await _no_leftovers(sandbox) == []
+
+
+async def test_the_snippet_inherits_no_file_descriptor_but_its_stdio(sandbox):
+    # in particular not the fork server's control socket (which could ask for unsandboxed workers)
+    r = await sandbox.run("import os\nfor fd in sorted(os.listdir('/proc/self/fd'), key=int):\n    try:\n"
+                          "        print(fd, os.readlink(f'/proc/self/fd/{fd}'))\n    except OSError:\n        pass")
+    assert r.status == "ok", r.stderr
+    links = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert all(links[fd].startswith("pipe:") for fd in "012")
+    others = {fd: t for fd, t in links.items() if fd not in "012"}
+    assert all(t == "/dev/null" or t.startswith("/proc/") for t in others.values()), others
+    assert not any("socket" in t for t in links.values())
+
+
+async def test_consecutive_snippets_share_no_state(sandbox):
+    # json is imported by the fork server itself: a snippet's change to it must not reach the next snippet
+    shared = f"/tmp/toolgym-shared-{uuid.uuid4().hex}"  # the private /tmp with namespaces; the host's without
+    try:
+        first = await sandbox.run(
+            "import builtins, json, os, random, sys\nopen('mine.txt', 'w').write('1')\nopen(SHARED, 'w').write('1')\n"
+            "builtins.LEAK = 1\njson.LEAK = 1\nsys.modules['leak'] = json\nos.environ['LEAK'] = '1'\nSECRET = 42\n"
+            "print(os.getpid(), random.random())".replace("SHARED", repr(shared)))
+        assert first.status == "ok", first.stderr
+        second = await sandbox.run(
+            "import builtins, json, os, random, sys\nimport __main__\n"
+            "print(sorted(os.listdir('.')), os.path.exists(SHARED), hasattr(builtins, 'LEAK'), hasattr(json, 'LEAK'), "
+            "'leak' in sys.modules, 'LEAK' in os.environ, hasattr(__main__, 'SECRET'))\n"
+            "print(os.getpid(), random.random())\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+            .replace("SHARED", repr(shared)))
+    finally:
+        Path(shared).unlink(missing_ok=True)
+    assert second.status == "ok", second.stderr
+    lines = second.stdout.splitlines()
+    assert lines[0] == f"[] {not NS} False False False False False"
+    pid1, rand1 = first.stdout.split()
+    pid2, rand2 = lines[1].split()
+    assert rand1 != rand2  # the random module is reseeded in every worker
+    if NS:  # each snippet is PID 1 of its own PID namespace and sees no other process
+        assert pid1 == pid2 == "1" and lines[2] == "[1]"
+    else:
+        assert pid1 != pid2
+
+
+async def test_interpreter_exit_is_like_a_normal_interpreter(sandbox):
+    r = await sandbox.run("import atexit, sys, threading, time\natexit.register(print, 'atexit ran')\n"
+                          "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+                          "sys.exit('bye')")
+    assert r.status == "error" and r.exit_code == 1
+    assert r.stdout == "thread done\natexit ran\n" and r.stderr == "bye\n"
+    r = await sandbox.run("import sys\nprint('partial', end='')\nsys.exit()")
+    assert r.status == "ok" and r.stdout == "partial"  # unflushed output is flushed at exit
+
+
+async def test_a_large_snippet_is_fed_through_the_pipe(sandbox):
+    code = "x = 0\n" + "x += 1\n" * 40_000 + "print(x)"  # 280 kB, more than a pipe buffer holds
+    r = await sandbox.run(code)
+    assert r.status == "ok" and r.stdout == "40000\n", r.stderr
+
+
+async def test_killing_the_fork_server_mid_call_is_classified_and_the_pool_recovers():
+    sb = Sandbox(LIMITS, pool_size=2)
+    await sb.start()
+    first_server = sb.server_pid
+    assert first_server is not None and sb.servers_started == 1
+    call = asyncio.ensure_future(sb.run("import time\nprint('started', flush=True)\ntime.sleep(30)"))
+    await asyncio.sleep(0.5)
+    os.kill(first_server, signal.SIGKILL)
+    r = await asyncio.wait_for(call, 10)  # a classified result, not a hang until the wall clock
+    assert r.status == "sandbox_error" and "fork server exited" in r.stderr and r.wall_s < LIMITS.wall_s
+    ok = await sb.run("print(6 * 7)")  # the warm workers died with the server: a new server forks a new one
+    assert ok.status == "ok" and ok.stdout == "42\n"
+    assert sb.servers_started == 2 and sb.server_pid not in (None, first_server)
+    # the dead server's orphaned workers were killed by the host; the host's init reaps them in its own time
+    assert await _no_leftovers(sb, zombies=False) == []
+
+
+async def test_fresh_interpreter_mode_runs_the_same_worker():
+    sb = Sandbox(LIMITS, pool_size=0, fork_server=False)
+    r = await sb.run("import os, sys\nprint(6 * 7, os.getcwd() == os.environ['HOME'], 'numpy' in sys.modules)")
+    assert r.status == "ok" and r.stdout == "42 True False\n", r.stderr
+    assert sb.servers_started == 0 and sb.server_pid is None  # no long-lived fork server
+    r = await sb.run("while True:\n    pass")
+    assert r.status in ("timeout", "cpu_limit")
+    assert await _no_leftovers(sb) == []
+
+
+@needs_ns
+def test_a_virtualenv_under_tmp_stays_importable():
+    # a clean-clone CI runs from /tmp/ci/.venv: the private tmpfs over /tmp must not hide the environment
+    root = Path(tempfile.mkdtemp(prefix="toolgym-venv-", dir="/tmp"))
+    root.chmod(0o755)  # like /tmp/ci: readable by the sandbox's uid, but hidden by its private /tmp
+    try:
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=60)
+        site = next((root / "venv" / "lib").glob("python*/site-packages"))
+        (site / "toolgym_probe.py").write_text("VALUE = 'from the venv under /tmp'\n")
+        repo = Path(__file__).resolve().parent.parent
+        ours = [p for p in sys.path if p.endswith("site-packages")]
+        script = ("import asyncio, json, sys\nfrom toolgym.tools.python import Sandbox\n"
+                  "sb = Sandbox(pool_size=0)\n"
+                  "r = asyncio.run(sb.run('import toolgym_probe, numpy\\nprint(toolgym_probe.VALUE)'))\n"
+                  "print(json.dumps([sys.prefix, r.status, r.stdout, r.stderr]))")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": os.pathsep.join([str(repo), *ours])}
+        p = subprocess.run([str(root / "venv" / "bin" / "python"), "-c", script], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        prefix, status, out, err = json.loads(p.stdout.splitlines()[-1])
+        assert prefix.startswith("/tmp/") and status == "ok", err
+        assert out == "from the venv under /tmp\n"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # -- word problems and the env --------------------------------------------------------------------------
