@@ -76,7 +76,6 @@ class ChatFormat:
         # The fast tokenizer's Rust backend, called directly: same ids as ``tokenizer.encode`` without the
         # Python wrapper's per-call overhead (and ``decode`` without clean-up, i.e. verbatim).
         self._backend = getattr(tok, "backend_tokenizer", None)
-        self._fast_encode = getattr(self._backend, "encode_batch_fast", None)  # tokenizers >= 0.20
         self.vocab_size: int = len(tok)
         ids = self.encode(self.eot_token)
         if len(ids) != 1:
@@ -109,8 +108,6 @@ class ChatFormat:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no BOS/EOS added (template text already carries its special tokens)."""
-        if self._fast_encode is not None:  # same ids, without computing offsets (about a third faster)
-            return self._fast_encode([text], add_special_tokens=False)[0].ids
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
