@@ -1,8 +1,10 @@
 """``@tool``: turn a plain Python function (sync or async) into a :class:`~toolgym.tools.base.Tool`.
 
 The JSON schema comes from the signature and the Google-style docstring through
-``transformers.utils.get_json_schema`` (the same function chat templates use), so what the model sees is
-exactly what ``tokenizer.apply_chat_template(tools=[fn])`` would show.
+``transformers.utils.get_json_schema`` (the same function chat templates use): name, description and
+parameters are what ``tokenizer.apply_chat_template(tools=[fn])`` would show. One difference: a return
+annotation is not shown (``get_json_schema`` adds a ``"return"`` key for it, which transformers and TRL render),
+so for token-identical prompts across the two, give such functions no return annotation.
 """
 
 from __future__ import annotations
