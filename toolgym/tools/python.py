@@ -613,10 +613,15 @@ class Sandbox:
         if self.is_root:
             # prefixes the dropped uid cannot reach, and prefixes under a directory the private tmpfs covers
             # (e.g. a virtualenv in a checkout under /tmp)
-            hidden = [
-                p for p in dict.fromkeys((sys.base_prefix, sys.prefix))
-                if not _world_readable(p) or (ns and any(_under(p, d) for d in self._mounts))
-            ]
+            def unreachable(p: str) -> bool:
+                return not _world_readable(p) or (ns and any(_under(p, d) for d in self._mounts))
+
+            hidden = [p for p in dict.fromkeys((sys.base_prefix, sys.prefix)) if unreachable(p)]
+            if ns:  # site-packages outside those prefixes (PYTHONPATH, .pth files), e.g. another venv under /tmp
+                for p in self._path:
+                    if os.path.isdir(p) and not any(_under(p, q) for q in hidden) and unreachable(p):
+                        hidden.append(p)
+                hidden = [p for p in hidden if not any(q != p and _under(p, q) for q in hidden)]
             if hidden and ns:
                 self._binds = sorted(hidden, key=len)
                 covers = {_blocking_ancestor(p) for p in hidden}
