@@ -144,3 +144,30 @@ def test_toolgym_registers_all_envs():
     for env_id in toolgym.envs.registration.ENVS:
         assert env_id in gym.registry
         assert gym.registry[env_id].vector_entry_point is not None
+
+
+def test_batched_infos_equal_gymnasiums_add_info():
+    # ToolVectorEnv merges the sub-env infos in one pass per key; the result must be what calling gymnasium's
+    # VectorEnv._add_info once per sub-env gives: same keys, masks, dtypes and values
+    venv = make_vec(4)
+    venv.reset(seed=0)
+    pairs = [(i, venv.envs[i].step(venv.envs[i].encode_action(call_text(i)))[4]) for i in (0, 2, 3)]
+    pairs.append((1, {"final_obs": np.arange(3), "final_info": {"turn": 1, "nested": {"x": 1.5}}, "turn": 7}))
+    ours = venv._merge_infos({}, pairs)
+    theirs: dict = {}
+    for i, info in pairs:
+        theirs = venv._add_info(theirs, info, i)
+
+    def same(a, b) -> None:
+        assert set(a) == set(b)
+        for k in a:
+            if isinstance(a[k], dict):
+                same(a[k], b[k])
+            else:
+                assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+                for x, y in zip(a[k], b[k], strict=True):
+                    assert x is y or np.array_equal(x, y), (k, x, y)
+
+    same(ours, theirs)
+    assert ours["_turn"].tolist() == [True, True, True, True] and ours["_final_obs"].tolist() == [False, True, False, False]
+    venv.close()

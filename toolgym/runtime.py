@@ -58,16 +58,9 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 async def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the runtime loop from any loop; cancelling the caller cancels the work."""
-    if _thread is not None and threading.current_thread() is _thread:  # already there: no hop, no lock
+    if in_runtime():  # already on the runtime loop: no hop
         return await coro
-    loop = get_loop()
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:  # pragma: no cover - only reachable from sync code misuse
-        running = None
-    if running is loop:
-        return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, get_loop()))
 
 
 def _shutdown() -> None:

@@ -187,11 +187,7 @@ class ToolVectorEnv(VectorEnv):
         by_key: dict[str, list[tuple[int, Any]]] = {}
         for i, info in pairs:
             for k, v in info.items():
-                items = by_key.get(k)
-                if items is None:
-                    by_key[k] = [(i, v)]
-                else:
-                    items.append((i, v))
+                by_key.setdefault(k, []).append((i, v))
         for key, items in by_key.items():
             first = items[0][1]
             if key != "final_obs" and isinstance(first, dict):

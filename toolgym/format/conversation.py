@@ -88,12 +88,9 @@ class ChatFormat:
         # by every ChatFormat built alike: the sub-envs of a vector env render each skeleton once, not once each.
         key = (self.chat_template, self.eot_token, repr(sorted(self.template_kwargs.items())))
         try:
-            cache = _SHARED.setdefault(tok, {}).setdefault(key, _RenderCache())
+            self._cache = _SHARED.setdefault(tok, {}).setdefault(key, _RenderCache())
         except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: a cache of its own
-            cache = _RenderCache()
-        self._cache = cache
-        self._delta_skeletons = cache.skeletons
-        self._frame_lens = cache.frame_lens
+            self._cache = _RenderCache()
 
     # -- rendering --------------------------------------------------------------------------------
     def render(
@@ -137,10 +134,10 @@ class ChatFormat:
         if self._cache.verbatim is None:
             self._cache.verbatim = self._check_verbatim()
         if self._cache.verbatim:
-            skel = self._delta_skeletons.get(key)
+            skel = self._cache.skeletons.get(key)
             if skel is None:
                 msgs = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(tool_messages)]
-                skel = self._delta_skeletons[key] = self._render_delta(msgs)
+                skel = self._cache.skeletons[key] = self._render_delta(msgs)
             out = skel
             for i, m in enumerate(tool_messages):
                 out = out.replace(_PLACEHOLDER.format(i), str(m.get("content", "")), 1)
@@ -149,10 +146,10 @@ class ChatFormat:
 
     def observation_frame_len(self, names: tuple[str, ...]) -> int:
         """Tokens an observation for tool results named ``names`` has besides their contents (cached)."""
-        n = self._frame_lens.get(names)
+        n = self._cache.frame_lens.get(names)
         if n is None:
             msgs = [self.tool_message(name, "") for name in names]
-            n = self._frame_lens[names] = len(self.encode(self.tool_delta(msgs, [])))
+            n = self._cache.frame_lens[names] = len(self.encode(self.tool_delta(msgs, [])))
         return n
 
     def _render_delta(self, tool_messages: Sequence[Mapping[str, Any]]) -> str:
@@ -252,7 +249,7 @@ class Conversation:
         if ids is None:
             ids = self.observation(results)
         start = len(self.completion_ids)
-        self.completion_ids.extend(ids if type(ids) is list and (not ids or type(ids[0]) is int) else [int(i) for i in ids])
+        self.completion_ids.extend(map(int, ids))
         self.loss_mask.extend([0] * len(ids))
         self.messages.extend(self.fmt.tool_message(n, c, i) for n, c, i in results)
         self._pending_obs = True

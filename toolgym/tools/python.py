@@ -999,20 +999,15 @@ def _under(path: str, directory: str) -> bool:
 
 
 def _world_readable(path: str) -> bool:
-    """``True`` when any user can traverse to ``path`` and read it (every ancestor has the ``o+x`` bit)."""
+    """``True`` when any user can traverse to ``path`` (symlinks resolved) and read it."""
     import stat
 
     p = os.path.realpath(path)
-    parts = p.split("/")
-    for i in range(2, len(parts) + 1):
-        d = "/".join(parts[:i]) or "/"
-        try:
-            mode = os.stat(d).st_mode
-        except OSError:
-            return False
-        if not mode & stat.S_IXOTH:
-            return False
-    return bool(os.stat(p).st_mode & stat.S_IROTH)
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return False
+    return _blocking_ancestor(p) is None and bool(mode & stat.S_IXOTH) and bool(mode & stat.S_IROTH)
 
 
 def _blocking_ancestor(path: str) -> str | None:
