@@ -136,3 +136,48 @@ def test_latency_from_a_real_executor(tmp_path: Path) -> None:
     read_png(plots.plot_latency_histogram(js, tmp_path / "lat2.png", log_scale=False))
     with pytest.raises(ValueError, match="no tool-call latencies"):
         plots.plot_latency_histogram({}, tmp_path / "none.png")
+
+
+def _has_colour(img: np.ndarray, hex_colour: str, min_px: int = 30) -> bool:
+    want = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255
+    return int((np.abs(img[..., :3] - want).max(-1) < 0.02).sum()) >= min_px
+
+
+def test_several_runs_overlaid(tmp_path: Path) -> None:
+    """``plot curves LOG1 LOG2``: one panel per metric, one line (one colour) per run, runs named by their paths."""
+    import subprocess
+    import sys
+
+    a = tmp_path / "runs" / "baseline" / "trainer_state.json"
+    a.parent.mkdir(parents=True)
+    a.write_text(json.dumps({"log_history": [{"step": s, "reward": 0.1 * s, "toolgym/success": 0.05 * s}
+                                             for s in range(1, 6)]}))
+    b = tmp_path / "grpo-lr3e-5.jsonl"
+    b.write_text("".join(json.dumps({"step": s, "reward": 1 - 0.1 * s, "success": 0.5}) + "\n" for s in range(1, 9)))
+    assert plots.run_names([a, b]) == ["baseline", "grpo-lr3e-5"]
+    assert plots.run_names(["x/a/log.jsonl", "y/a/log.jsonl", "z.jsonl", "z.jsonl"]) == ["x/a", "y/a", "z", "z #2"]
+
+    img = read_png(plots.plot_runs([a, b], tmp_path / "two.png", metrics=["reward", "success"]))
+    one = read_png(plots.plot_runs({"only": b}, tmp_path / "one.png", metrics=["reward"]))
+    assert img.shape[1] > 1.6 * one.shape[1]  # two panels (reward, success) side by side vs one
+    blue, orange, green = "#1f77b4", "#ff7f0e", "#2ca02c"  # matplotlib's first three cycle colours
+    assert _has_colour(img, blue) and _has_colour(img, orange) and not _has_colour(img, green)
+    three = read_png(plots.plot_runs([a, b, _steps_file(tmp_path)], tmp_path / "three.png", metrics=["reward"]))
+    assert _has_colour(three, green)
+    with pytest.raises(ValueError, match="none of the 2 training logs"):
+        plots.plot_runs([a, b], tmp_path / "x.png", metrics=["loss"])
+    assert not (tmp_path / "x.png").exists()
+
+    # the CLI overlays when given several logs
+    out = tmp_path / "cli.png"
+    r = subprocess.run([sys.executable, "-m", "toolgym.cli", "plot", "curves", str(a), str(b), "--out", str(out),
+                        "--metrics", "reward,success"], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    cli = read_png(out)
+    assert cli.shape == img.shape and _has_colour(cli, orange)
+
+
+def _steps_file(tmp_path: Path) -> Path:
+    p = tmp_path / "steps.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in STEPS))
+    return p

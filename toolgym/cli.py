@@ -8,7 +8,7 @@ Subcommands::
                     [--schedule lockstep|continuous] [--env-kwarg KEY=VALUE ...] [--tokenizer T]
                     [--model-name NAME] [--json] [--no-progress]
     toolgym view traj.jsonl --out report.html [--tokenizer embedded|none|PATH] [--limit N] [--title T]
-    toolgym plot curves LOG --out curves.png [--metrics reward,success] [--smooth N]
+    toolgym plot curves LOG [LOG2 ...] --out curves.png [--metrics reward,success] [--smooth N]
     toolgym plot latency traj.jsonl|latencies.json ... --out latency.png
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
@@ -310,11 +310,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     try:
         if args.kind == "curves":
-            if len(args.inputs) != 1:
-                raise CLIError("plot curves takes exactly one training log", ExitCode.USAGE)
             metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-            path = plots.plot_training_curves(args.inputs[0], args.out, metrics=metrics, smooth=args.smooth,
-                                              title=args.title or "training")
+            if len(args.inputs) > 1:  # several runs overlaid, legend by run name
+                path = plots.plot_runs(args.inputs, args.out, metrics=metrics, smooth=args.smooth,
+                                       title=args.title or "training runs")
+            else:
+                path = plots.plot_training_curves(args.inputs[0], args.out, metrics=metrics, smooth=args.smooth,
+                                                  title=args.title or "training")
         else:
             src: Any = args.inputs[0] if len(args.inputs) == 1 else list(args.inputs)
             path = plots.plot_latency_histogram(src, args.out, title=args.title or "tool-call latency")
@@ -490,8 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("plot", help="PNG plots: training curves or tool-latency histograms", epilog=_EPILOG)
     s.add_argument("kind", choices=["curves", "latency"])
-    s.add_argument("inputs", nargs="+", help="curves: a training log (JSONL rows, trainer_state.json, demo "
-                   "metrics.json); latency: trajectory JSONL file(s) or a {tool: [seconds]} JSON file")
+    s.add_argument("inputs", nargs="+", help="curves: training log(s) (JSONL rows, trainer_state.json, demo "
+                   "metrics.json; several are overlaid, one line per run); latency: trajectory JSONL file(s) or a {tool: [seconds]} JSON file")
     s.add_argument("--out", required=True, help="PNG to write")
     s.add_argument("--metrics", default="reward,success,tool_call_rate", help="curves: comma-separated metrics")
     s.add_argument("--smooth", type=int, default=1, help="curves: moving-average window")

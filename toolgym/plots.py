@@ -5,6 +5,8 @@
   such rows, a Hugging Face ``trainer_state.json`` (its ``log_history``, as written by TRL's ``GRPOTrainer``:
   ``reward``, ``toolgym/success``, ``toolgym/tool_call_rate``, ...), or the demo's ``metrics.json``
   (``grpo.steps``). :func:`load_training_log` normalises them all to rows with the short names.
+* :func:`plot_runs`: the same metrics for several runs overlaid, one panel per metric, one line per run (legend:
+  the run name, by default from the log's path); ``toolgym plot curves LOG1 LOG2 ... --out curves.png``.
 * :func:`plot_latency_histogram`: per-tool latency histograms (log-scaled milliseconds) from trajectory JSONL
   files (every ``turns[].results[].latency_s``), a :class:`~toolgym.tools.executor.ToolExecutor` or its
   ``metrics``, a ``{tool: [seconds, ...]}`` mapping, or a JSON file holding such a mapping (optionally under a
@@ -25,7 +27,9 @@ __all__ = [
     "latencies_from",
     "load_training_log",
     "plot_latency_histogram",
+    "plot_runs",
     "plot_training_curves",
+    "run_names",
 ]
 
 #: Short metric name -> the names it may have in a log (first match wins).
@@ -175,6 +179,97 @@ def plot_training_curves(
         ax2.set_title("tool errors by kind")
         ax2.grid(alpha=0.3)
         ax2.legend()
+    return _save(fig, out)
+
+
+#: Log file stems too generic to name a run: the run is then named after the log's folder.
+GENERIC_STEMS = frozenset({"trainer_state", "metrics", "log", "logs", "train", "training", "history", "steps"})
+
+
+def run_names(paths: Sequence[str | Path]) -> list[str]:
+    """A legend name per training log: the file stem, or its folder's name when the stem is generic
+    (``out/run-a/trainer_state.json`` -> ``run-a``); duplicates get the parent folders prepended until unique
+    (then ``#2``, ``#3`` suffixes)."""
+    ps = [Path(p) for p in paths]
+    depth = [0 if p.stem not in GENERIC_STEMS else 1 for p in ps]
+
+    def name(p: Path, d: int) -> str:
+        parts = [*p.parent.parts[len(p.parent.parts) - d :], p.stem] if d else [p.stem]
+        if p.stem in GENERIC_STEMS and d:
+            parts = parts[:-1]
+        return "/".join(x for x in parts if x not in ("", "/", ".")) or p.stem
+
+    names = [name(p, d) for p, d in zip(ps, depth, strict=True)]
+    for _ in range(8):
+        dup = {n for n in names if names.count(n) > 1}
+        if not dup:
+            break
+        for i, p in enumerate(ps):
+            if names[i] in dup and depth[i] < len(p.parent.parts):
+                depth[i] += 1
+                names[i] = name(p, depth[i])
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        seen[n] = seen.get(n, 0) + 1
+        out.append(n if seen[n] == 1 else f"{n} #{seen[n]}")
+    return out
+
+
+def plot_runs(
+    logs: Sequence[str | Path] | Mapping[str, str | Path | Sequence[Mapping[str, Any]] | Mapping[str, Any]],
+    out: str | Path,
+    *,
+    metrics: Sequence[str] = ("reward", "success", "tool_call_rate"),
+    title: str | None = "training runs",
+    smooth: int = 1,
+) -> Path:
+    """Overlay several runs' training curves and save a PNG; returns ``out``.
+
+    One panel per metric (those present in at least one log), one line per run, the same colour for a run in
+    every panel, and a legend with the run names.
+
+    Args:
+        logs: training-log paths (named by :func:`run_names`) or a ``{run name: log}`` mapping (each log as
+            :func:`load_training_log` takes it).
+        out: the PNG path (parent directories are created).
+        metrics: short metric names to draw.
+        title: figure title.
+        smooth: moving-average window in steps (1 = raw values).
+
+    Raises:
+        ValueError: no log given, or no log has any of the requested metrics.
+        FileNotFoundError: a log path does not exist.
+    """
+    named = dict(logs) if isinstance(logs, Mapping) else dict(zip(run_names(list(logs)), logs, strict=True))
+    if not named:
+        raise ValueError("plot_runs needs at least one training log")
+    runs = {name: load_training_log(log) for name, log in named.items()}
+    present = [m for m in metrics if any(m in r for rows in runs.values() for r in rows)]
+    if not present:
+        raise ValueError(f"none of the {len(runs)} training logs has any of the metrics {list(metrics)}")
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(present), figsize=(5.2 * len(present), 4), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for j, m in enumerate(present):
+        ax = axes[0][j]
+        for i, (name, rows) in enumerate(runs.items()):
+            pts = [(r["step"], r[m]) for r in rows if m in r]
+            if not pts:
+                continue
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            c = colours[i % len(colours)]
+            ys_line = _moving_average(ys, smooth) if smooth > 1 else ys
+            ax.plot(xs, ys_line, "o-" if len(xs) < 40 else "-", label=name, color=c, markersize=3)
+            if smooth > 1:
+                ax.plot(xs, ys, ".", alpha=0.3, color=c)
+        ax.set_title(m + (f" (avg {smooth})" if smooth > 1 else ""))
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if j == 0:
+            ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
     return _save(fig, out)
 
 
