@@ -306,3 +306,198 @@ def test_cli_main_serves_in_a_subprocess(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The official OpenAI SDK against the server: tools -> tool_calls, sampling fields, models.retrieve
+# ----------------------------------------------------------------------------------------------------------------
+
+CALC_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+CALL_TEXT = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+QUESTION = [{"role": "user", "content": "What is 2+3? Use the calculator."}]
+
+
+def _train_to_call(model, tok) -> None:
+    """Overfit a tiny model (~5 s on a CPU) so that greedy decoding of QUESTION's chat prompt writes CALL_TEXT
+    and then ``<|im_end|>``: a real model whose tool call is deterministic."""
+    prompt = tok(tok.apply_chat_template(QUESTION, tools=[CALC_TOOL], tokenize=False, add_generation_prompt=True),
+                 add_special_tokens=False)["input_ids"]
+    target = tok(CALL_TEXT, add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+    ids = torch.tensor([prompt + target])
+    labels = ids.clone()
+    labels[0, : len(prompt)] = -100
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(400):
+            model.train()
+            loss = model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step % 10 == 9:
+                model.eval()
+                with torch.no_grad():
+                    logits = model(ids).logits[0, len(prompt) - 1 : -1]
+                if logits.argmax(-1).tolist() == target:  # teacher-forced greedy = the target: done
+                    return
+    raise AssertionError("the tiny model did not learn the tool call")
+
+
+@pytest.fixture(scope="module")
+def caller():
+    """A tiny model trained to call the calculator, served with ``--tool-call-parser hermes``."""
+    model, tok, _ = load("tiny")
+    _train_to_call(model, tok)
+    server = ModelServer(model, tok, served_model_name="caller", tool_call_parser="hermes")
+    url = server.start_in_thread()
+    yield server, url
+    server.stop_thread()
+
+
+def sdk(url: str):
+    openai = pytest.importorskip("openai")
+    return openai, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.mark.slow  # trains a tiny model for ~80 steps (seconds on an idle CPU)
+@pytest.mark.timeout(900)
+def test_openai_sdk_chat_with_tools_returns_tool_calls(caller):
+    _, url = caller
+    openai, client = sdk(url)
+    r = client.chat.completions.create(model="caller", messages=QUESTION, tools=[CALC_TOOL], temperature=0,
+                                       max_tokens=64)
+    [c] = r.choices
+    assert c.finish_reason == "tool_calls"
+    assert c.message.content is None
+    [call] = c.message.tool_calls
+    assert call.type == "function" and call.id
+    assert call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == {"expression": "2+3"}
+    # the SDK sends the call back in the next request: the server renders that conversation and answers
+    follow = [*QUESTION, c.message.model_dump(exclude_none=True),
+              {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+    r2 = client.chat.completions.create(model="caller", messages=follow, tools=[CALC_TOOL], temperature=0,
+                                        max_tokens=8)
+    assert r2.choices[0].message.role == "assistant"
+    # tool_choice "none": the same text comes back as plain content, nothing parsed
+    r = client.chat.completions.create(model="caller", messages=QUESTION, tools=[CALC_TOOL], tool_choice="none",
+                                       temperature=0, max_tokens=64)
+    assert r.choices[0].finish_reason == "stop" and not r.choices[0].message.tool_calls
+    assert r.choices[0].message.content == CALL_TEXT
+    # a call cut by max_tokens is malformed: plain content, finish_reason "length" (as vLLM's parsers do)
+    r = client.chat.completions.create(model="caller", messages=QUESTION, tools=[CALC_TOOL], temperature=0,
+                                       max_tokens=10)
+    assert r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls
+    assert CALL_TEXT.startswith(r.choices[0].message.content)
+    # a forced call needs guided decoding: refused, never silently unforced
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="caller", messages=QUESTION, tools=[CALC_TOOL], tool_choice="required")
+    assert e.value.status_code == 400 and "tool_choice" in str(e.value)
+
+
+def test_openai_sdk_tools_without_a_parser_are_refused(served):
+    _, url, _, _ = served
+    openai, client = sdk(url)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-random", messages=QUESTION, tools=[CALC_TOOL], max_tokens=4)
+    assert e.value.status_code == 400 and "--tool-call-parser" in str(e.value)
+    # tool_choice "none" needs no parser: the tools are rendered, nothing is parsed
+    r = client.chat.completions.create(model="tiny-random", messages=QUESTION, tools=[CALC_TOOL],
+                                       tool_choice="none", max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
+
+
+def test_openai_sdk_models_retrieve(served):
+    server, url, _, _ = served
+    openai, client = sdk(url)
+    m = client.models.retrieve("tiny-random")
+    assert m.id == "tiny-random" and m.object == "model"
+    assert [x.id for x in client.models.list()] == ["tiny-random"]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("response_format", {"response_format": {"type": "json_object"}}),
+        ("bad_words", {"extra_body": {"bad_words": ["red"]}}),
+        ("prompt_logprobs", {"extra_body": {"prompt_logprobs": 1}}),
+        ("min_p", {"extra_body": {"min_p": 0.1}}),
+        ("guided_json", {"extra_body": {"guided_json": {"type": "object"}}}),
+        ("parallel_tool_calls", {"parallel_tool_calls": False}),
+        ("logit_bias", {"logit_bias": {"99999999": 5}}),
+        ("presence_penalty", {"presence_penalty": 3}),
+        ("repetition_penalty", {"extra_body": {"repetition_penalty": 0}}),
+        ("top_k", {"extra_body": {"top_k": -5}}),
+    ],
+)
+def test_openai_sdk_unsupported_or_invalid_fields_get_a_400_naming_them(served, field, kwargs):
+    _, url, _, _ = served
+    openai, client = sdk(url)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny-random", messages=QUESTION, max_tokens=2, **kwargs)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == field and field in e.value.body["message"]
+    # neutral values pass: a client that always sends them is not refused
+    neutral = {"response_format": {"type": "text"}, "bad_words": [], "min_p": 0, "parallel_tool_calls": True}
+    if field in neutral:
+        body = {"messages": QUESTION, "max_tokens": 2, field: neutral[field]}
+        assert post(url, "/v1/chat/completions", body)[0] == 200
+
+
+def _reference_greedy(model, prompt: list[int], steps: int, *, bias: dict[int, float], freq: float, pres: float,
+                      rep: float) -> list[int]:
+    """Greedy decoding with vLLM's logit processors written out token by token (the test's own reference)."""
+    out: list[int] = []
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out])).logits[0, -1].float().tolist()
+        for t, b in bias.items():
+            logits[t] += b
+        for t in set(prompt) | set(out):
+            logits[t] = logits[t] / rep if logits[t] > 0 else logits[t] * rep
+        for t in set(out):
+            logits[t] -= freq * out.count(t) + pres
+        out.append(max(range(len(logits)), key=logits.__getitem__))
+    return out
+
+
+def test_openai_sdk_logit_bias_penalties_and_top_k_change_sampling(served):
+    _, url, model, tok = served
+    _, client = sdk(url)
+    prompt = tok("The cat sat on the mat and", add_special_tokens=False)["input_ids"]
+    h = tok(" hello", add_special_tokens=False)["input_ids"][0]
+    # logit_bias +100 on one token: sampled every time, whatever the temperature
+    r = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=6, temperature=1.0, seed=3,
+                                  logit_bias={str(h): 100}, extra_body={"ignore_eos": True, "return_token_ids": True})
+    assert r.choices[0].model_extra["token_ids"] == [h] * 6
+    # penalties and a bias on greedy decoding match the reference, and differ from plain greedy
+    bias = {h: 0.2, prompt[-1]: 0.3}
+    got = client.completions.create(
+        model="tiny-random", prompt=prompt, max_tokens=12, temperature=0, logit_bias={str(k): v for k, v in bias.items()},
+        frequency_penalty=0.4, presence_penalty=0.1,
+        extra_body={"repetition_penalty": 1.5, "ignore_eos": True, "return_token_ids": True},
+    ).choices[0].model_extra["token_ids"]
+    assert got == _reference_greedy(model, prompt, 12, bias=bias, freq=0.4, pres=0.1, rep=1.5)
+    plain = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].model_extra["token_ids"]
+    assert plain == _reference_greedy(model, prompt, 12, bias={}, freq=0, pres=0, rep=1.0) != got
+    # top_k=1 at temperature 1 is greedy; a large frequency penalty forbids repeats under greedy
+    k1 = client.completions.create(model="tiny-random", prompt=prompt, max_tokens=12, temperature=1.0, seed=7,
+                                   extra_body={"top_k": 1, "ignore_eos": True}).choices[0].model_extra["token_ids"]
+    assert k1 == plain
+    sampled = [client.completions.create(model="tiny-random", prompt=prompt, max_tokens=12, temperature=5.0, seed=s,
+                                         extra_body={"top_k": 3, "ignore_eos": True}).choices[0].model_extra["token_ids"]
+               for s in range(4)]
+    with torch.no_grad():  # top-3 at the first position: every sample's first token is one of them
+        first = set(torch.topk(model(torch.tensor([prompt])).logits[0, -1], 3).indices.tolist())
+    assert {s[0] for s in sampled} <= first

@@ -9,12 +9,23 @@ Endpoints:
   ``logprobs`` (bool) + ``top_logprobs`` (0-20).
 * ``POST /v1/completions`` — ``prompt`` as a string, a list of token ids, or a list of either (several prompts);
   ``logprobs`` (int 0-20: that many top alternatives per token).
-* ``GET /v1/models``, ``GET /health``.
+* ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``.
 
-Sampling fields (both endpoints): ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``seed``, ``stop``
-(strings), ``stop_token_ids``, ``ignore_eos``, ``n``, ``skip_special_tokens``, ``include_stop_str_in_output``,
-``allowed_token_ids`` (vLLM extension: sample only among these ids), ``return_tokens_as_token_ids`` (logprob
-tokens written ``"token_id:<id>"``, as vLLM does).
+Sampling fields (both endpoints): ``max_tokens``, ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``seed``,
+``stop`` (strings), ``stop_token_ids``, ``ignore_eos``, ``n``, ``skip_special_tokens``,
+``include_stop_str_in_output``, ``logit_bias``, ``presence_penalty``, ``frequency_penalty``,
+``repetition_penalty`` (vLLM's definitions; they apply to greedy decoding too), ``allowed_token_ids`` (vLLM
+extension: sample only among these ids), ``return_tokens_as_token_ids`` (logprob tokens written
+``"token_id:<id>"``, as vLLM does). A field that would change the output but is not implemented
+(``bad_words``, ``response_format`` other than text, ``prompt_logprobs``, ``min_p``, ``min_tokens``, guided
+decoding, ...: :data:`UNSUPPORTED_FIELDS`) gets a 400 naming it; no sampling field is ignored silently.
+
+Tool calls (chat): with ``tool_call_parser`` (``--tool-call-parser NAME``, a :mod:`toolgym.format.parsers`
+name such as ``hermes``), a request with ``tools`` gets the model's calls parsed into ``message.tool_calls``
+(``finish_reason: "tool_calls"``; a malformed call leaves the text as plain content, as in vLLM). Without a
+parser, ``tools`` with ``tool_choice`` ``"auto"`` (the default) is refused with a 400, as vLLM does without
+``--enable-auto-tool-choice``; ``tool_choice: "none"`` renders the tools and parses nothing; a forced or
+``"required"`` choice is a 400 (no guided decoding).
 
 Responses mirror vLLM's: every choice carries ``token_ids`` (the sampled ids, a final stop / end-of-sequence
 token included) and, for completions, ``prompt_token_ids``; chat responses carry ``prompt_token_ids`` at the
@@ -82,6 +93,12 @@ class SamplingParams:
         ignore_eos: keep sampling past the end-of-sequence token.
         logprobs: ``None`` = no logprobs; ``k >= 0`` = sampled-token logprob plus the top ``k`` alternatives.
         allowed_token_ids: restrict sampling to these ids.
+        top_k: sample among the ``top_k`` most likely tokens (``<= 0``: no limit).
+        logit_bias: ``{token id: bias}`` added to the logits before sampling (OpenAI's field; bias in [-100, 100]).
+        presence_penalty: subtracted once from the logit of every token already generated (OpenAI / vLLM).
+        frequency_penalty: subtracted from a token's logit once per time it was already generated.
+        repetition_penalty: divides positive / multiplies negative logits of every token seen in the prompt or
+            the output (the CTRL / transformers / vLLM definition; 1 = off).
     """
 
     max_tokens: int = 16
@@ -95,6 +112,37 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     allowed_token_ids: list[int] | None = None
+    top_k: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any logit processor (bias, penalties) is on; greedy decoding then argmaxes adjusted logits."""
+        return bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0 or (
+            self.repetition_penalty != 1.0
+        )
+
+
+def adjust_logits(x: Any, prompt_ids: Sequence[int], out_ids: Sequence[int], p: SamplingParams) -> Any:
+    """Apply ``logit_bias`` then the repetition / frequency / presence penalties (vLLM's order and definitions)
+    to a 1-D float tensor of logits ``[vocab]``; returns a new tensor (``x`` is not modified)."""
+    import torch
+
+    x = x.clone()
+    if p.logit_bias:
+        idx = torch.tensor(list(p.logit_bias), dtype=torch.long)
+        x[idx] += torch.tensor(list(p.logit_bias.values()), dtype=x.dtype)
+    if p.repetition_penalty != 1.0 and (prompt_ids or out_ids):
+        seen = torch.tensor(sorted({*prompt_ids, *out_ids}), dtype=torch.long)
+        v = x[seen]
+        x[seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+    if out_ids and (p.frequency_penalty != 0 or p.presence_penalty != 0):
+        counts = torch.bincount(torch.tensor(out_ids, dtype=torch.long), minlength=x.numel()).to(x.dtype)
+        x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+    return x
 
 
 @dataclass
@@ -247,10 +295,12 @@ class _Engine:
         """Sample one token for ``s`` from its ``logits`` row (``raw``: the row's log-softmax)."""
         torch = self.torch
         p = s.params
-        if p.temperature <= 1e-5 and not p.allowed_token_ids:
+        if p.temperature <= 1e-5 and not p.allowed_token_ids and not p.adjusts_logits:
             x = raw  # greedy: same argmax, no copy
         else:
             x = logits.float()
+        if p.adjusts_logits:
+            x = adjust_logits(x, s.prompt_ids, s.out_ids, p)
         if p.allowed_token_ids:
             keep = torch.full_like(x, float("-inf"))
             idx = torch.tensor(p.allowed_token_ids, dtype=torch.long)
@@ -259,7 +309,11 @@ class _Engine:
         if p.temperature <= 1e-5:
             token = int(torch.argmax(x))
         else:
-            probs = torch.softmax(x / p.temperature, dim=-1)
+            x = x / p.temperature
+            if 0 < p.top_k < x.numel():
+                kth = torch.topk(x, p.top_k).values[-1]
+                x = x.masked_fill(x < kth, float("-inf"))
+            probs = torch.softmax(x, dim=-1)
             if p.top_p < 1.0:
                 sp, si = torch.sort(probs, descending=True)
                 cum = torch.cumsum(sp, dim=-1)
@@ -328,6 +382,79 @@ def _type_name(types: type | tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names.get(t, t.__name__) for t in ts))
 
 
+#: Request fields that would change the output but are not implemented: a request that sets one to anything but
+#: its neutral value gets a 400 naming it (never silently ignored). ``field -> (is neutral?, what to say)``.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, str]] = {
+    "bad_words": (lambda v: v == [], "is not supported"),
+    "response_format": (lambda v: isinstance(v, dict) and v.get("type") == "text",
+                        "is not supported (only {\"type\": \"text\"}): no structured output / guided decoding"),
+    "prompt_logprobs": (lambda v: False, "is not supported"),
+    "min_p": (lambda v: v == 0, "is not supported"),
+    "min_tokens": (lambda v: v == 0, "is not supported"),
+    "length_penalty": (lambda v: v == 1, "applies to beam search, which is not supported"),
+    "guided_json": (lambda v: False, "is not supported: no guided decoding"),
+    "guided_regex": (lambda v: False, "is not supported: no guided decoding"),
+    "guided_choice": (lambda v: False, "is not supported: no guided decoding"),
+    "guided_grammar": (lambda v: False, "is not supported: no guided decoding"),
+    "structured_outputs": (lambda v: False, "is not supported: no guided decoding"),
+    "logits_processors": (lambda v: v == [], "is not supported"),
+    "truncate_prompt_tokens": (lambda v: False, "is not supported"),
+    "parallel_tool_calls": (lambda v: v is True, "= false is not supported: the model's calls are returned as written"),
+}
+
+
+def check_unsupported(body: dict[str, Any]) -> None:
+    """Raise :class:`BadRequest` naming the first field of ``body`` that is set to a value this server cannot
+    honour (see :data:`UNSUPPORTED_FIELDS`; ``null`` always passes)."""
+    for key, (neutral, why) in UNSUPPORTED_FIELDS.items():
+        value = body.get(key)
+        if value is not None and not neutral(value):
+            raise BadRequest(f"`{key}` {why} by toolgym serve model", key)
+
+
+def parse_logit_bias(value: Any, vocab_size: int) -> dict[int, float]:
+    """OpenAI's ``logit_bias`` (``{"token id": bias}``, bias in [-100, 100]) as ``{int id: float}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest("`logit_bias` must be an object mapping token ids to biases", "logit_bias")
+    out: dict[int, float] = {}
+    for k, v in value.items():
+        try:
+            tid = int(k)
+        except (TypeError, ValueError):
+            raise BadRequest(f"`logit_bias` keys must be token ids, got {k!r}", "logit_bias") from None
+        if not 0 <= tid < vocab_size:
+            raise BadRequest(f"`logit_bias` token id {tid} is outside [0, {vocab_size})", "logit_bias")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not -100 <= v <= 100:
+            raise BadRequest(f"`logit_bias` values must be numbers in [-100, 100], got {v!r}", "logit_bias")
+        out[tid] = float(v)
+    return out
+
+
+def tool_calls_from_text(text: str, parser: Any) -> tuple[str | None, list[dict[str, Any]]] | None:
+    """Parse the model's tool calls in ``text`` with a :class:`~toolgym.format.parsers.ToolCallParser`.
+
+    Returns ``(content or None, [OpenAI tool_call dicts])`` when the text holds at least one call and every call
+    is well-formed; ``None`` otherwise (no call, or a malformed one: the text is then returned as plain content,
+    as vLLM's parsers do). Arguments are JSON strings, as in the OpenAI API.
+    """
+    import json
+
+    parsed = parser.parse(text)
+    if not parsed.calls or parsed.n_malformed:
+        return None
+    calls = [
+        {
+            "id": f"chatcmpl-tool-{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for c in parsed.calls
+    ]
+    return parsed.content or None, calls
+
+
 class ModelServer:
     """An OpenAI-compatible server over ``model`` + ``tokenizer`` (see the module docstring).
 
@@ -339,6 +466,9 @@ class ModelServer:
         max_model_len: prompt + generated tokens limit (default: the tokenizer's / model's context length).
         default_max_tokens: ``max_tokens`` of a chat request that sets none (completions default to 16, as
             in the OpenAI API).
+        tool_call_parser: a :mod:`toolgym.format.parsers` name (``hermes``, ``llama3``, ...) or parser: chat
+            requests with ``tools`` get the model's calls parsed into ``message.tool_calls``. ``None``: a chat
+            request with ``tools`` (and ``tool_choice`` other than ``"none"``) gets a 400, as in vLLM.
     """
 
     def __init__(
@@ -351,7 +481,11 @@ class ModelServer:
         max_model_len: int | None = None,
         default_max_tokens: int = 256,
         batch_wait_s: float = 0.003,
+        tool_call_parser: Any = None,
     ) -> None:
+        from toolgym.format.parsers import get_parser
+
+        self.tool_parser = None if tool_call_parser is None else get_parser(tool_call_parser)
         self.engine = _Engine(model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
         self.tok = tokenizer
         self.served_model_name = served_model_name
@@ -375,6 +509,7 @@ class ModelServer:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.model_info)
         app.router.add_get("/health", self.health)
 
         async def on_startup(_: web.Application) -> None:
@@ -452,21 +587,24 @@ class ModelServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "toolgym",
+            "max_model_len": self.max_model_len,
+        }
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.served_model_name,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "toolgym",
-                        "max_model_len": self.max_model_len,
-                    }
-                ],
-            }
-        )
+        return web.json_response({"object": "list", "data": [self._model_card()]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        """``GET /v1/models/{id}`` (the OpenAI SDK's ``client.models.retrieve``)."""
+        model_id = request.match_info["model_id"]
+        if model_id != self.served_model_name:
+            raise BadRequest(f"The model `{model_id}` does not exist.", "model", status=404, kind="NotFoundError")
+        return web.json_response(self._model_card())
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
         try:
@@ -482,6 +620,7 @@ class ModelServer:
             raise BadRequest("streaming is not supported by toolgym serve model", "stream")
         if body.get("use_beam_search"):
             raise BadRequest("beam search is not supported", "use_beam_search")
+        check_unsupported(body)
         return body
 
     def _params(self, body: dict[str, Any], *, max_tokens_default: int, logprobs: int | None) -> SamplingParams:
@@ -510,7 +649,23 @@ class ModelServer:
             allowed = self._ids(_want(body, "allowed_token_ids", list, []), "allowed_token_ids")
             if not allowed:
                 raise BadRequest("`allowed_token_ids` must not be empty", "allowed_token_ids")
+        top_k = _want(body, "top_k", int, 0)
+        if top_k < -1:
+            raise BadRequest("`top_k` must be -1 or 0 (no limit) or a positive integer", "top_k")
+        penalties = {}
+        for key, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0)):
+            v = float(_want(body, key, (int, float), 0.0))
+            if not lo <= v <= hi:
+                raise BadRequest(f"`{key}` must be in [{lo}, {hi}]", key)
+            penalties[key] = v
+        rep = float(_want(body, "repetition_penalty", (int, float), 1.0))
+        if not (math.isfinite(rep) and rep > 0):
+            raise BadRequest("`repetition_penalty` must be > 0", "repetition_penalty")
         return SamplingParams(
+            top_k=max(top_k, 0),
+            logit_bias=parse_logit_bias(body.get("logit_bias"), self.engine.vocab_size),
+            repetition_penalty=rep,
+            **penalties,
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
@@ -561,6 +716,36 @@ class ModelServer:
         if s.finish_reason == "stop" and ids and (ids[-1] in s.params.stop_token_ids or ids[-1] in self.engine.eos_ids):
             ids = ids[:-1]  # the stop token is in token_ids, not in the text
         return self.tok.decode(ids, skip_special_tokens=s.params.skip_special_tokens)
+
+    def _raw_text(self, s: _Seq) -> str:
+        """The sampled text with special tokens kept (what a tool-call parser reads), final stop token cut."""
+        ids = s.out_ids
+        if s.finish_reason == "stop" and ids and (ids[-1] in s.params.stop_token_ids or ids[-1] in self.engine.eos_ids):
+            ids = ids[:-1]
+        return s.text if s.text is not None else self.tok.decode(ids, skip_special_tokens=False)
+
+    def _tool_mode(self, body: dict[str, Any], tools: list[Any] | None) -> bool:
+        """Whether to parse tool calls out of this chat request's output (``tools`` + ``tool_choice``)."""
+        choice = body.get("tool_choice")
+        if not tools:
+            if choice not in (None, "none", "auto"):
+                raise BadRequest("`tool_choice` needs `tools`", "tool_choice")
+            return False
+        if choice == "none":
+            return False
+        if choice not in (None, "auto"):
+            raise BadRequest(
+                '`tool_choice` other than "auto" / "none" (a forced or "required" call) needs guided decoding, '
+                "which toolgym serve model does not support",
+                "tool_choice",
+            )
+        if self.tool_parser is None:
+            raise BadRequest(
+                '"auto" tool choice needs a tool-call parser: start the server with --tool-call-parser NAME '
+                "(e.g. hermes); without one, requests with `tools` are refused",
+                "tools",
+            )
+        return True
 
     async def completions(self, request: web.Request) -> web.Response:
         body = await self._json(request)
@@ -667,6 +852,7 @@ class ModelServer:
         params = self._params(body, max_tokens_default=self.default_max_tokens, logprobs=top if want_lp else None)
         kwargs = dict(_want(body, "chat_template_kwargs", dict, {}))
         tools = _want(body, "tools", list, None)
+        parse_calls = self._tool_mode(body, tools)
         try:
             text = self.tok.apply_chat_template(
                 clean,
@@ -701,12 +887,18 @@ class ModelServer:
                         }
                     )
                 lp = {"content": content}
+            message: dict[str, Any] = {"role": "assistant", "content": self._text(s), "tool_calls": []}
+            finish = s.finish_reason
+            parsed = tool_calls_from_text(self._raw_text(s), self.tool_parser) if parse_calls else None
+            if parsed is not None:
+                message["content"], message["tool_calls"] = parsed
+                finish = "tool_calls"
             choices.append(
                 {
                     "index": index,
-                    "message": {"role": "assistant", "content": self._text(s)},
+                    "message": message,
                     "logprobs": lp,
-                    "finish_reason": s.finish_reason,
+                    "finish_reason": finish,
                     "stop_reason": s.stop_reason,
                     "token_ids": s.out_ids,
                 }
@@ -762,6 +954,7 @@ def run(
     max_batch_size: int = 8,
     default_max_tokens: int = 256,
     threads: int | None = None,
+    tool_call_parser: str | None = None,
 ) -> None:
     """Load ``model`` (see :func:`load`) and serve it until interrupted (blocking)."""
     import torch
@@ -775,6 +968,7 @@ def run(
         served_model_name=served_model_name or name,
         max_batch_size=max_batch_size,
         default_max_tokens=default_max_tokens,
+        tool_call_parser=tool_call_parser,
     )
     print(f"toolgym serve model: {server.served_model_name} on http://{host}:{port}/v1", flush=True)
     web.run_app(server.app(), host=host, port=port, access_log=None, print=None)
@@ -794,6 +988,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat max_tokens when a request sets none")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    from toolgym.format.parsers import list_parsers
+
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=list_parsers(),
+        help="parse the model's tool calls into message.tool_calls for chat requests with `tools` (as vLLM's "
+        "flag); without it such requests get a 400",
+    )
     return p
 
 
@@ -809,6 +1012,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_batch_size=args.max_batch_size,
         default_max_tokens=args.default_max_tokens,
         threads=args.threads,
+        tool_call_parser=args.tool_call_parser,
     )
     return 0
 
