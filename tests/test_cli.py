@@ -186,10 +186,10 @@ def test_view(rollout: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.Ca
     assert main(["view", str(path), "--out", str(out)]) == 0
     assert f"wrote {out} ({len(trajs)} episodes)" in capsys.readouterr().out
     page = out.read_text()
-    assert page.count('class="episode ') == len(trajs)
+    assert page.count('"nt":') == len(trajs)  # one embedded episode record each (rendered in the browser)
     assert main(["view", str(path), "--out", str(out), "--limit", "2", "--tokenizer", "none", "--title", "T"]) == 0
     page = out.read_text()
-    assert page.count('class="episode ') == 2 and "<title>T</title>" in page
+    assert page.count('"nt":') == 2 and "<title>T</title>" in page
 
 
 def test_view_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

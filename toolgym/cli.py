@@ -7,7 +7,7 @@ Subcommands::
                     [--seed S] [--num-envs K] [--max-new-tokens T] [--temperature X]
                     [--schedule lockstep|continuous] [--env-kwarg KEY=VALUE ...] [--tokenizer T]
                     [--model-name NAME] [--json] [--no-progress]
-    toolgym view traj.jsonl --out report.html [--tokenizer embedded|none|PATH] [--limit N] [--title T]
+    toolgym view traj.jsonl [--compare after.jsonl] --out report.html [--tokenizer embedded|none|PATH] [--limit N]
     toolgym plot curves LOG [LOG2 ...] --out curves.png [--metrics reward,success] [--smooth N]
     toolgym plot latency traj.jsonl|latencies.json ... --out latency.png
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
@@ -293,10 +293,21 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise CLIError(f"cannot read {src}: {e.strerror or e}", ExitCode.INPUT) from None
     except (TrajectoryFileError, UnicodeDecodeError) as e:
         raise CLIError(str(e), ExitCode.INPUT) from None
+    other = None
+    if args.compare:
+        try:
+            other = load_trajectory_rows(args.compare)
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            raise CLIError(f"cannot read {args.compare}: {e.strerror or e}", ExitCode.INPUT) from None
+        except (TrajectoryFileError, UnicodeDecodeError) as e:
+            raise CLIError(str(e), ExitCode.INPUT) from None
     tok = _tokenizer_for_view(args.tokenizer)
-    title = args.title or f"toolgym trajectories — {src.name}"
+    title = args.title or f"toolgym trajectories — {src.name}" + (f" vs {Path(args.compare).name}" if other is not None else "")
+    labels = (src.name, Path(args.compare).name) if other is not None else None
+    if labels is not None and labels[0] == labels[1]:
+        labels = (str(src), str(args.compare))
     try:
-        path = write_report(rows, args.out, tokenizer=tok, title=title, limit=args.limit)
+        path = write_report(rows, args.out, tokenizer=tok, title=title, limit=args.limit, compare=other, labels=labels)
     except OSError as e:
         raise CLIError(f"cannot write {args.out}: {e.strerror or e}", ExitCode.INPUT) from None
     shown = len(rows) if args.limit is None else min(len(rows), args.limit)
@@ -486,7 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="report.html")
     s.add_argument("--tokenizer", default="embedded",
                    help="decodes token ids for the loss-mask view: 'embedded', 'none' (use turn texts), or a path")
-    s.add_argument("--limit", type=int, default=None, help="only the first N episodes")
+    s.add_argument("--limit", type=int, default=None, help="only the first N episodes (of each file)")
+    s.add_argument("--compare", default=None, metavar="B.jsonl",
+                   help="a second trajectory file (e.g. after training), compared with the first per task")
     s.add_argument("--title", default=None)
     s.set_defaults(func=cmd_view)
 
