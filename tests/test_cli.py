@@ -220,7 +220,8 @@ def test_plot(rollout: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.Ca
     assert main(["plot", "curves", str(tmp_path / "nope.jsonl"), "--out", str(png)]) == ExitCode.INPUT
     assert main(["plot", "curves", str(log), "--metrics", "loss", "--out", str(png)]) == ExitCode.INPUT
     assert "none of the metrics" in capsys.readouterr().err
-    assert main(["plot", "curves", str(log), str(log), "--out", str(png)]) == ExitCode.USAGE
+    assert main(["plot", "curves", str(log), str(log), "--out", str(png)]) == 0  # several runs: overlaid
+    assert main(["plot", "curves", str(log), str(tmp_path / "nope.jsonl"), "--out", str(png)]) == ExitCode.INPUT
     assert main(["plot", "bars", str(log), "--out", str(png)]) == ExitCode.USAGE
 
 

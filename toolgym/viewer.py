@@ -164,7 +164,16 @@ class _Tables:
         self.prompts: list[str] = []
         self.tasks: list[Any] = []
         self.vocab: dict[int, str] = {}
+        self.split_utf8: set[int] = set()  # ids whose lone decoding is a partial UTF-8 character
         self._index: dict[tuple[str, str], int] = {}
+        self._decoded: dict[tuple[int, ...], int] = {}
+
+    def decoded_prompt(self, ids: Sequence[int]) -> int:
+        """The index of ``ids`` decoded in the prompt table (each distinct prompt decoded once)."""
+        key = tuple(ids)
+        if key not in self._decoded:
+            self._decoded[key] = self.intern("prompt", _decode(self.tok, ids))
+        return self._decoded[key]
 
     def intern(self, kind: str, value: Any) -> int:
         key = (kind, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
@@ -181,6 +190,8 @@ class _Tables:
         for i in set(map(int, ids)) - self.vocab.keys():
             self.vocab[i] = self.tok.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False) \
                 if 0 <= i < vocab else f"<oov {i}>"
+            if "\ufffd" in self.vocab[i]:
+                self.split_utf8.add(i)
 
 
 def _rle(mask: Sequence[int]) -> list[list[int]]:
@@ -241,10 +252,10 @@ def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) 
     prompt_ids = row.get("prompt_ids") or []
     ep["np"] = len(prompt_ids)
     if tables.tok is not None and prompt_ids:
-        ep["pt"] = tables.intern("prompt", _decode(tables.tok, prompt_ids))
+        ep["pt"] = tables.decoded_prompt(prompt_ids)
     if tables.tok is None or len(ids) != len(mask):
         ep["segs"] = _mask_segments(row, None if len(ids) != len(mask) else tables.tok)
-    elif any("\ufffd" in tables.vocab.get(i, "") for i in ids):  # split UTF-8 characters: decode runs whole
+    elif tables.split_utf8 and not tables.split_utf8.isdisjoint(ids):  # split UTF-8 characters: decode runs whole
         ep["segs"] = _mask_segments(row, tables.tok)
     drift = row.get("drift") or {}
     if drift:
