@@ -284,7 +284,8 @@ def test_cli_main_serves_in_a_subprocess(tmp_path):
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toolgym.serve.model", "--model", "tiny", "--port", str(port), "--threads", "1"],
+        [sys.executable, "-m", "toolgym.serve.model", "--model", "tiny", "--port", str(port), "--threads", "1",
+         "--tool-call-parser", "hermes"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -303,6 +304,9 @@ def test_cli_main_serves_in_a_subprocess(tmp_path):
             time.sleep(0.3)
         status, body = post(url, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True})
         assert status == 200 and len(body["choices"][0]["token_ids"]) == 3
+        # --tool-call-parser reached the server: a chat request with tools is served (a 400 without a parser)
+        status, body = post(url, "/v1/chat/completions", {"messages": QUESTION, "tools": [CALC_TOOL], "max_tokens": 3})
+        assert status == 200 and body["choices"][0]["message"]["tool_calls"] == [], body
     finally:
         proc.terminate()
         proc.wait(30)
