@@ -216,7 +216,8 @@ class ToolExecutor:
             raise
         except BaseException as e:  # noqa: BLE001 - a bug of ours (or a cache/validator failure) is still an answer
             result = self._fail(call, ToolErrorKind.EXCEPTION, f"internal error: {type(e).__name__}: {e}")
-        result.content = safe_text(result.content)
+        if result.error_kind is not None:  # successful outputs were made safe in _run (one pass over megabytes)
+            result.content = safe_text(result.content)
         m = self.metrics
         m.calls[call.name or "<unparsed>"] += 1
         if result.error_kind is not None:
