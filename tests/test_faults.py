@@ -558,3 +558,39 @@ def test_sandbox_has_private_ipc_no_host_sockets_and_one_bounded_tmpfs(tmp_path)
     assert "refused" in c.stdout and "connected" not in c.stdout, c.stdout
     assert "run ['lock'] False" in c.stdout, c.stdout
     assert "wrote 5" in c.stdout, c.stdout  # 8 MiB for all the writable directories together
+
+
+# -- the runtime loop and huge actions -------------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_runtime_loop_outlives_base_exceptions() -> None:
+    loop = runtime.get_loop()
+
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(RuntimeError, match="SystemExit"):
+        runtime.run_sync(exits())
+
+    def raw_callback() -> None:  # not a task: asyncio lets this out of run_forever
+        raise KeyboardInterrupt
+
+    loop.call_soon_threadsafe(raw_callback)
+
+    async def still_there() -> str:
+        await asyncio.sleep(0.01)
+        return "alive"
+
+    assert runtime.run_sync(still_there()) == "alive"
+    assert runtime.get_loop() is loop
+
+
+@pytest.mark.timeout(120)
+def test_huge_action_is_checked_off_the_loop_and_truncates(tokenizer, executor) -> None:
+    env = _env(tokenizer, executor)
+    env.reset(seed=0)
+    action = env.encode_action(HEALTHY[2] + " filler" * 40_000)
+    assert len(action) > 40_000
+    obs, _, te, tr, info = env.step(action)
+    assert tr and not te and len(obs) == 0 and "error" not in info
+    assert info["drift"] == {}  # checked (in a worker thread: the conversation is over 16k tokens), no drift
+    assert info["trajectory"].loss_mask.count(1) == len(action)
