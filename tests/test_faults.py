@@ -594,3 +594,27 @@ def test_huge_action_is_checked_off_the_loop_and_truncates(tokenizer, executor) 
     assert tr and not te and len(obs) == 0 and "error" not in info
     assert info["drift"] == {}  # checked (in a worker thread: the conversation is over 16k tokens), no drift
     assert info["trajectory"].loss_mask.count(1) == len(action)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_failed_rollout_still_writes_the_finished_episodes(schedule, tokenizer, executor, tmp_path) -> None:
+    """A failure of the run itself (here the policy, on episode 9) propagates, but the episodes that finished
+    before it are written, not lost."""
+
+    class FailingPolicy(ScriptedPolicy):
+        async def agenerate(self, requests):
+            if any(r.episode.index == 9 for r in requests):
+                raise ConnectionError("policy server went away")
+            return await super().agenerate(requests)
+
+    venv = ToolVectorEnv(functools.partial(_env, tokenizer), 4, executor=executor, autoreset_mode="disabled")
+    policy = FailingPolicy(lambda s: HEALTHY[0] if s.turn == 0 else "<answer>done</answer>")
+    driver = RolloutDriver(venv, policy, schedule=schedule, max_turn_tokens=128)
+    path = tmp_path / "t.jsonl"
+    with pytest.raises(ConnectionError):
+        driver.run(TASKS[:16], seeds=0, trajectory_path=path)
+    rows = read_trajectories(path)
+    ids = {r["task"]["id"] for r in rows}
+    assert {"t0", "t1", "t2", "t3"} <= ids and "t9" not in ids  # the first wave / slots finished before the failure
+    assert all(r["terminated"] and len(r["turns"]) == 2 for r in rows)
