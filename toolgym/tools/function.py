@@ -71,8 +71,14 @@ class FunctionTool(Tool):
         if self.lane is None:
             out = await self.fn(**arguments)
         else:
-            out = await self.lane.run(self.fn, **arguments)
+            # the conversion to text runs on the lane too: a huge non-str result never stalls the event loop
+            return await self.lane.run(_as_text, self.fn, arguments)
         return out if isinstance(out, str) else str(out)
+
+
+def _as_text(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
+    out = fn(**arguments)
+    return out if isinstance(out, str) else str(out)
 
 
 @overload
