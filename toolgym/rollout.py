@@ -620,11 +620,20 @@ class RolloutDriver:
 
             bar = tqdm(total=len(rows), desc=f"rollout ({self.schedule})", unit="ep")
         t0 = time.perf_counter()
+        done: list[Trajectory | None] = [None] * len(rows)  # filled as episodes finish
         try:
             if self.schedule == "lockstep":
-                out = await self._lockstep(rows, seed_list, bar)
+                out = await self._lockstep(rows, seed_list, bar, done)
             else:
-                out = await self._continuous(rows, seed_list, bar)
+                out = await self._continuous(rows, seed_list, bar, done)
+        except BaseException:
+            # a failure of the run itself (the policy, a reset) still keeps the episodes that finished: they are
+            # written before the error propagates (tool and env faults never get here: they end only their episode)
+            if trajectory_path is not None:
+                finished = [t for t in done if t is not None]
+                if finished:
+                    write_trajectories(trajectory_path, finished, append=True)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -637,10 +646,9 @@ class RolloutDriver:
 
     # -- lock-step --------------------------------------------------------------------------------
     async def _lockstep(
-        self, rows: list[dict[str, Any] | None], seeds: list[int | None], bar: Any
+        self, rows: list[dict[str, Any] | None], seeds: list[int | None], bar: Any, out: list[Trajectory | None]
     ) -> list[Trajectory]:
         n = self.num_envs
-        out: list[Trajectory | None] = [None] * len(rows)
         waves = max(1, math.ceil(len(rows) / n)) if rows else 0
         if self.sync_fn is not None:  # every rank runs the same number of waves
             waves = self.sync_fn(waves)
@@ -682,12 +690,11 @@ class RolloutDriver:
 
     # -- continuous -------------------------------------------------------------------------------
     async def _continuous(
-        self, rows: list[dict[str, Any] | None], seeds: list[int | None], bar: Any
+        self, rows: list[dict[str, Any] | None], seeds: list[int | None], bar: Any, out: list[Trajectory | None]
     ) -> list[Trajectory]:
         if self.sync_fn is not None:
             raise ValueError("the continuous schedule cannot agree on call counts across ranks: use 'lockstep'")
         n = self.num_envs
-        out: list[Trajectory | None] = [None] * len(rows)
         queue: asyncio.Queue[int] = asyncio.Queue()
         for k in range(len(rows)):
             queue.put_nowait(k)

@@ -4,12 +4,18 @@ Tools hold loop-bound resources (MCP sessions, aiohttp sessions, semaphores, sub
 them all on one long-lived loop lets a sync ``env.step`` and an async ``await env.astep`` (from any
 caller loop, e.g. a pytest-asyncio test or a rollout driver) share the same executor and sessions.
 A sync call costs one cross-thread hop (tens of microseconds) per step, not per tool call.
+
+The loop must outlive anything that runs on it: work submitted through :func:`run_sync` / :func:`run_async` that
+raises ``SystemExit``, ``KeyboardInterrupt`` or another ``BaseException`` has it re-raised to its caller as a
+``RuntimeError`` (asyncio would otherwise stop the loop with it and every later call would hang), and should the
+loop's ``run_forever`` still be broken out of by one (a raw callback), the thread logs it and runs the loop again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -17,6 +23,8 @@ from typing import Any, TypeVar
 __all__ = ["get_loop", "in_runtime", "run_async", "run_sync"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 _loop: asyncio.AbstractEventLoop | None = None
 _thread: threading.Thread | None = None
@@ -34,7 +42,12 @@ def get_loop() -> asyncio.AbstractEventLoop:
             def _run() -> None:
                 asyncio.set_event_loop(loop)
                 loop.call_soon(ready.set)
-                loop.run_forever()
+                while True:
+                    try:
+                        loop.run_forever()
+                        return  # stopped on purpose (_shutdown)
+                    except BaseException as e:  # noqa: BLE001 - the loop outlives what runs on it
+                        logger.error("toolgym runtime loop: %r escaped a callback; the loop keeps running", e)
 
             thread = threading.Thread(target=_run, name="toolgym-runtime", daemon=True)
             thread.start()
@@ -48,19 +61,30 @@ def in_runtime() -> bool:
     return _thread is not None and threading.current_thread() is _thread
 
 
+async def _guarded(coro: Coroutine[Any, Any, T]) -> T:
+    """``await coro``, with a ``BaseException`` other than cancellation turned into ``RuntimeError`` so that it never
+    reaches the loop (a task that raises ``SystemExit``/``KeyboardInterrupt`` stops ``run_forever``)."""
+    try:
+        return await coro
+    except (asyncio.CancelledError, Exception):
+        raise
+    except BaseException as e:
+        raise RuntimeError(f"{type(e).__name__} raised on the toolgym runtime loop: {e}") from e
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on the runtime loop and block until it finishes. Must not be called from that loop."""
     if in_runtime():
         coro.close()
         raise RuntimeError("run_sync() called from the toolgym runtime loop; use `await` instead")
-    return asyncio.run_coroutine_threadsafe(coro, get_loop()).result()
+    return asyncio.run_coroutine_threadsafe(_guarded(coro), get_loop()).result()
 
 
 async def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Await ``coro`` on the runtime loop from any loop; cancelling the caller cancels the work."""
     if in_runtime():  # already on the runtime loop: no hop
         return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, get_loop()))
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_guarded(coro), get_loop()))
 
 
 def _shutdown() -> None:

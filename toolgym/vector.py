@@ -155,10 +155,12 @@ class ToolVectorEnv(VectorEnv):
         results = await asyncio.gather(
             *(runtime.run_async(self.envs[i].unwrapped.astep(actions[i])) for i in todo), return_exceptions=True
         )
-        errors = [(i, r) for i, r in zip(todo, results, strict=True) if isinstance(r, BaseException)]
-        if errors:
-            i, err = errors[0]
-            raise RuntimeError(f"sub-env {i} failed in step: {err!r}") from err
+        # ToolEnv.astep answers its own faults; anything still raised ends only that sub-env's episode (truncated,
+        # infos["error"]), never the step of the others
+        results = [
+            self.envs[i].unwrapped.fail_episode(r) if isinstance(r, BaseException) else r
+            for i, r in zip(todo, results, strict=True)
+        ]
         final: list[tuple[int, dict[str, Any]]] = []
         for i, (o, r, te, tr, info) in zip(todo, results, strict=True):  # type: ignore[misc]
             stepped[i] = True

@@ -1,8 +1,10 @@
 """A fault-injection MCP server for toolgym's tests (written here; the only fake in the MCP tests).
 
-Tools: ``echo``, ``add``, ``pid`` (the server's process id), ``sleep_ms`` (a slow tool), ``hang`` (never
-returns; records its own cancellation), ``fail`` (raises: an ``isError`` result), ``crash`` (the process
-exits mid-call), ``count`` (how many calls this process has served).
+Tools: ``echo``, ``add``, ``pid`` (the server's process id), ``sleep_ms`` (a slow tool, annotated read-only and
+idempotent), ``hang`` (never returns; records its own cancellation), ``fail`` (raises: an ``isError`` result),
+``crash`` (the process exits mid-call), ``count`` (how many calls this process has served), ``record`` (appends its
+token to ``<marker dir>/record.log`` then sleeps: a non-idempotent side effect), ``freeze`` (blocks the server's
+event loop: the whole server hangs without dying).
 
 Run: ``python fault_server.py`` (stdio) or ``python fault_server.py --http PORT``. Set
 ``FAULT_SERVER_MARKER_DIR`` to a directory where ``hang`` writes ``cancelled-<token>`` when its request is
@@ -14,9 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
 
 server = MCPServer("toolgym-fault-server")
 _calls = 0
@@ -56,7 +60,7 @@ def count() -> int:
     return _calls
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
 async def sleep_ms(ms: int) -> str:
     """Sleep ``ms`` milliseconds, then answer."""
     await asyncio.sleep(ms / 1000)
@@ -79,6 +83,25 @@ async def hang(token: str) -> str:
 def fail(message: str) -> str:
     """Raise an error with ``message``."""
     raise RuntimeError(message)
+
+
+@server.tool()
+async def record(token: str, ms: int) -> str:
+    """Append ``token`` to record.log in the marker directory, then sleep ``ms`` milliseconds."""
+    d = os.environ.get("FAULT_SERVER_MARKER_DIR")
+    if d:
+        with open(Path(d, "record.log"), "a") as f:
+            f.write(token + "\n")
+    await asyncio.sleep(ms / 1000)
+    return f"recorded {token}"
+
+
+@server.tool()
+async def freeze() -> str:
+    """Block the server's event loop for an hour: every request hangs, the process stays alive."""
+    _mark("frozen")
+    time.sleep(3600)
+    return "unreachable"
 
 
 @server.tool()

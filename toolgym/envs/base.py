@@ -7,7 +7,9 @@ append before the next assistant turn (or an empty array when the episode ends).
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +31,15 @@ __all__ = ["TaskSource", "ToolEnv"]
 TaskSource = Sequence[Mapping[str, Any]] | Callable[[np.random.Generator], Mapping[str, Any]]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+
+#: default character bound per observation token (``max_obs_chars = OBS_CHARS_PER_TOKEN * max_obs_tokens``)
+OBS_CHARS_PER_TOKEN = 32
+#: conversations longer than this many tokens get their drift check (a full re-render and re-tokenisation) in a
+#: worker thread, so a huge action or episode never freezes the other episodes on the runtime loop
+DRIFT_OFF_LOOP_TOKENS = 16384
+TRUNCATED_MARK = " …[truncated]"
+
+logger = logging.getLogger(__name__)
 
 
 def _template_renders_tools(tokenizer: Any) -> bool:
@@ -52,6 +63,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         max_turns: assistant turns per episode; reaching it with tool calls pending truncates the episode.
         max_episode_tokens: prompt + completion token budget; an observation that would cross it truncates.
         max_obs_tokens: each tool result is cut to this many tokens (a ``[truncated]`` marker is appended).
+        max_obs_chars: each tool result is first cut to this many characters, before anything is tokenised
+            (``None``: ``OBS_CHARS_PER_TOKEN`` (32) x ``max_obs_tokens``), so a megabyte result costs what a
+            short one does. A result whose first ``max_obs_chars`` characters make fewer than ``max_obs_tokens``
+            tokens (tokens longer than 32 characters on average) is shown shorter than ``max_obs_tokens``.
         executor: a shared executor (vector envs pass one); else one is built from ``tools`` + ``executor_kwargs``.
         template_kwargs: extra chat-template variables (e.g. ``{"enable_thinking": False}``).
         eot_token: the end-of-turn token text (``None``: guessed from the vocabulary).
@@ -76,6 +91,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         max_turns: int = 4,
         max_episode_tokens: int = 2048,
         max_obs_tokens: int = 512,
+        max_obs_chars: int | None = None,
         executor: ToolExecutor | None = None,
         executor_kwargs: Mapping[str, Any] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
@@ -102,6 +118,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         self.max_turns = max_turns
         self.max_episode_tokens = max_episode_tokens
         self.max_obs_tokens = max_obs_tokens
+        self.max_obs_chars = max_obs_chars if max_obs_chars is not None else OBS_CHARS_PER_TOKEN * max_obs_tokens
         self.render_mode = render_mode
         vocab = len(tokenizer)
         self.observation_space = spaces.Sequence(spaces.Discrete(vocab), stack=True)
@@ -170,9 +187,36 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         """
         if self._done or self.conversation is None or self.trajectory is None:
             raise RuntimeError("step() called on a finished episode; call reset() first")
-        conv, traj = self.conversation, self.trajectory
-        ids = np.asarray(action).reshape(-1).astype(np.int64, copy=False).tolist() if np.size(action) else []
         t0 = time.perf_counter()
+        try:
+            return await self._astep(action, t0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fault ends this episode (truncated), never the caller's batch
+            logger.exception("toolgym: episode ended by an error in step")
+            return self.fail_episode(e, t0)
+
+    def fail_episode(self, exc: BaseException, t0: float | None = None) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """End the episode as truncated after an unexpected error in :meth:`astep`; ``info["error"]`` says why and
+        ``info["trajectory"]`` holds what was recorded (the failed turn included when it was appended; no drift check,
+        no outcome reward)."""
+        t0 = time.perf_counter() if t0 is None else t0
+        self._done = True
+        traj, conv = self.trajectory, self.conversation
+        assert traj is not None and conv is not None
+        traj.truncated = True
+        traj.completion_ids, traj.loss_mask, traj.messages = conv.completion_ids, conv.loss_mask, conv.messages
+        err = f"{type(exc).__name__}: {exc}"
+        info: dict[str, Any] = {
+            "turn": len(traj.turns) - 1, "error": err, "trajectory": traj, "drift": traj.drift,
+            "outcome_reward": traj.outcome_reward, "env_time_s": Seconds(time.perf_counter() - t0),
+        }
+        return _EMPTY, 0.0, False, True, info
+
+    async def _astep(self, action: Any, t0: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        conv, traj = self.conversation, self.trajectory
+        assert conv is not None and traj is not None
+        ids = np.asarray(action).reshape(-1).astype(np.int64, copy=False).tolist() if np.size(action) else []
         text, parsed, cut, (a0, a1) = conv.add_action(ids)
         turn = Turn(
             index=len(traj.turns), action_start=a0, action_end=a1, obs_start=a1, obs_end=a1, text=text,
@@ -186,6 +230,9 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         obs = _EMPTY
         if turn.calls:
             turn.results = await runtime.run_async(self.executor.run_many(turn.calls))
+            for r in turn.results:  # bound by characters before anything is tokenised (megabytes stay cheap)
+                if len(r.content) > self.max_obs_chars:
+                    r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK
             payload = [(r.call.name or "error", r.content, r.call.id) for r in turn.results]
             obs_ids = conv.observation(payload)
             if self._may_need_clip(payload, obs_ids):  # rare: measure each result alone, cut, re-encode
@@ -230,7 +277,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
                     outcome_with_components(self.reward, traj, self.task)
                 )
                 reward += traj.outcome_reward
-            traj.drift = conv.check_drift()
+            if len(conv) > DRIFT_OFF_LOOP_TOKENS:
+                traj.drift = await asyncio.to_thread(conv.check_drift)
+            else:
+                traj.drift = conv.check_drift()
             info["trajectory"] = traj
             info["drift"] = traj.drift
             info["outcome_reward"] = traj.outcome_reward
@@ -248,13 +298,17 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         return len(obs_ids) - frame > limit - 4  # 4: tokens a result may gain alone at its two boundaries
 
     def _clip(self, text: str) -> str:
-        """``text`` cut to ``max_obs_tokens`` tokens, with a ``[truncated]`` marker when cut."""
+        """``text`` cut to ``max_obs_chars`` characters, then to ``max_obs_tokens`` tokens, with a ``[truncated]``
+        marker when cut."""
         if len(text.encode("utf-8", "replace")) <= self.max_obs_tokens:
             return text
+        cut = len(text) > self.max_obs_chars
+        if cut:
+            text = text[: self.max_obs_chars]
         ids = self.format.encode(text)
         if len(ids) <= self.max_obs_tokens:
-            return text
-        return self.tokenizer.decode(ids[: self.max_obs_tokens], skip_special_tokens=False) + " …[truncated]"
+            return text + TRUNCATED_MARK if cut else text
+        return self.tokenizer.decode(ids[: self.max_obs_tokens], skip_special_tokens=False) + TRUNCATED_MARK
 
     # -- helpers ----------------------------------------------------------------------------------
     def encode_action(self, text: str, end_turn: bool = True) -> np.ndarray:

@@ -26,7 +26,22 @@ import numpy as np
 from toolgym.data.jsonl import iter_jsonl
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult, canonical_arguments, error_text
 
-__all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor"]
+__all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor", "safe_text"]
+
+
+def safe_text(text: str) -> str:
+    """``text`` made encodable as UTF-8: lone surrogates (e.g. a tool echoing ``"\\ud800"`` from JSON) become their
+    escape ``\\ud800`` as text; anything else is returned unchanged (the common case costs one ``encode``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def text_of(out: Any) -> str:
+    """The text of a tool's return value: ``str`` as is, anything else through ``str()``."""
+    return out if isinstance(out, str) else str(out)
 
 
 class ToolCache:
@@ -193,8 +208,16 @@ class ToolExecutor:
         return list(await asyncio.gather(*(self.run(c) for c in calls)))
 
     async def run(self, call: ToolCall) -> ToolResult:
-        """Run one call and classify any failure. Never raises (except ``CancelledError``)."""
-        result = await self._run(call)
+        """Run one call and classify any failure. Never raises (except ``CancelledError`` when the caller is
+        cancelled). The result's content is always encodable text (see :func:`safe_text`)."""
+        try:
+            result = await self._run(call)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a bug of ours (or a cache/validator failure) is still an answer
+            result = self._fail(call, ToolErrorKind.EXCEPTION, f"internal error: {type(e).__name__}: {e}")
+        if result.error_kind is not None:  # successful outputs were made safe in _run (one pass over megabytes)
+            result.content = safe_text(result.content)
         m = self.metrics
         m.calls[call.name or "<unparsed>"] += 1
         if result.error_kind is not None:
@@ -252,6 +275,8 @@ class ToolExecutor:
                 m = self.metrics
                 m.in_flight += 1
                 m.max_in_flight = max(m.max_in_flight, m.in_flight)
+                task = asyncio.current_task()
+                cancels = task.cancelling() if task is not None else 0
                 try:
                     # a deadline on this task (no helper task, unlike ``wait_for`` before Python 3.12); on expiry
                     # the tool is cancelled and ``TimeoutError`` raised here
@@ -263,17 +288,24 @@ class ToolExecutor:
                     retryable = self.retry_timeouts
                 except ToolError as e:
                     kind, content, retryable = e.kind, e.message, e.retryable
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001 - any tool failure becomes an observation
+                except asyncio.CancelledError as e:
+                    if task is None or task.cancelling() > cancels:  # a real cancellation of this call: obey it
+                        raise
+                    # raised by the tool itself (nobody cancelled this task): a failure like any other
+                    kind, content = ToolErrorKind.EXCEPTION, f"CancelledError raised by the tool: {e}"
+                except BaseException as e:  # noqa: BLE001 - any tool failure (SystemExit, KeyboardInterrupt
+                    # from an argparse-style tool included) becomes an observation; it never reaches the loop
                     kind, content = ToolErrorKind.EXCEPTION, f"{type(e).__name__}: {e}"
                 finally:
                     m.in_flight -= 1
                     if per_tool is not None:
                         per_tool.release()
             if kind is None:
-                if not isinstance(content, str):
-                    content = str(content)
+                try:
+                    content = safe_text(text_of(content))
+                except Exception as e:  # noqa: BLE001 - a result whose str() raises
+                    kind, content = ToolErrorKind.EXCEPTION, f"unprintable result ({type(e).__name__}: {e})"
+            if kind is None:
                 latency = time.perf_counter() - t0
                 if self.cache is not None and tool.cacheable:
                     self.cache.put(call.name, call.arguments, content)

@@ -9,12 +9,12 @@ so for token-identical prompts across the two, give such functions no return ann
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
-from toolgym.tools.base import Tool
+from toolgym.tools.base import Tool, ToolError, ToolErrorKind
+from toolgym.tools.threads import ThreadLane
 
 __all__ = ["FunctionTool", "tool"]
 
@@ -22,10 +22,17 @@ __all__ = ["FunctionTool", "tool"]
 class FunctionTool(Tool):
     """A tool backed by a Python function.
 
-    Sync functions run in a worker thread (``asyncio.to_thread``) so they never block the event loop; a
-    timeout cancels the awaiting task but cannot stop a running thread, so long sync work should be
-    written async or as a subprocess tool. The return value is converted to text with ``str`` unless it
-    is already a string.
+    Sync functions run on the tool's own :class:`~toolgym.tools.threads.ThreadLane` (daemon threads, at most
+    ``max_workers`` busy, at most ``max_abandoned`` left running past a timeout) so they never block the event
+    loop, never starve another tool's calls, and never keep the process from exiting. A timeout cancels the
+    awaiting task but cannot stop a running thread, so long sync work should be written async or as a subprocess
+    tool. Arguments the function's signature does not accept are ``invalid_arguments``. The return value is
+    converted to text with ``str`` unless it is already a string.
+
+    Args:
+        max_workers: threads of the lane (default: ``max_concurrency``, else 32).
+        max_abandoned: calls that may keep running past their timeout before new calls are refused with
+            ``timeout`` (default 16).
     """
 
     def __init__(
@@ -37,6 +44,8 @@ class FunctionTool(Tool):
         timeout_s: float | None = None,
         max_concurrency: int | None = None,
         cacheable: bool = True,
+        max_workers: int | None = None,
+        max_abandoned: int = 16,
     ) -> None:
         from transformers.utils import get_json_schema
 
@@ -49,13 +58,27 @@ class FunctionTool(Tool):
         self.max_concurrency = max_concurrency
         self.cacheable = cacheable
         self._is_async = inspect.iscoroutinefunction(fn)
+        self._signature = inspect.signature(fn)
+        self.lane = None if self._is_async else ThreadLane(
+            self.name, max_workers or max_concurrency or 32, max_abandoned
+        )
 
     async def acall(self, arguments: Mapping[str, Any]) -> str:
-        if self._is_async:
+        try:
+            self._signature.bind(**arguments)
+        except TypeError as e:  # an extra or missing argument: the model's mistake, not the tool's
+            raise ToolError(f"{self.name}: {e}", kind=ToolErrorKind.INVALID_ARGUMENTS) from None
+        if self.lane is None:
             out = await self.fn(**arguments)
         else:
-            out = await asyncio.to_thread(self.fn, **arguments)
+            # the conversion to text runs on the lane too: a huge non-str result never stalls the event loop
+            return await self.lane.run(_as_text, self.fn, arguments)
         return out if isinstance(out, str) else str(out)
+
+
+def _as_text(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
+    out = fn(**arguments)
+    return out if isinstance(out, str) else str(out)
 
 
 @overload
@@ -68,6 +91,8 @@ def tool(
     timeout_s: float | None = None,
     max_concurrency: int | None = None,
     cacheable: bool = True,
+    max_workers: int | None = None,
+    max_abandoned: int = 16,
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 

@@ -14,7 +14,11 @@ Config (JSON, or the Python-literal ``.pydata`` form RL-Factory uses, parsed wit
 Per-server keys: ``command``/``args``/``env``/``cwd`` (stdio) or ``url``/``headers`` (streamable HTTP), and
 the optional toolgym keys ``timeout`` (per-call seconds), ``max_concurrency`` (requests in flight on that
 session), ``include``/``exclude`` (tool names), ``cacheable`` (allow the executor's cache; default false),
-``stderr`` (``"inherit"``, ``"devnull"`` or a file path for a stdio server's stderr), ``disabled``.
+``stderr`` (``"inherit"``, ``"devnull"`` or a file path for a stdio server's stderr), ``disabled``,
+``idempotent`` (``true``, ``false`` or a list of tool names: calls that may be re-sent after the connection died
+mid-call; default: the tools whose MCP annotations say ``readOnlyHint`` or ``idempotentHint``) and
+``restart_after_timeouts`` (a stdio server whose calls time out this many times in a row, with no answer between,
+is restarted as hung; default 3, ``0`` never).
 A top-level list of such dicts (RL-Factory's form) is merged. A leading ``~`` in ``command`` is expanded. ``env`` is merged over the SDK's safe default
 environment (``HOME``, ``PATH``, ...), not over the whole parent environment.
 
@@ -26,9 +30,15 @@ Errors (each becomes a classified observation through the executor):
 
 * ``isError`` results -> :class:`ToolError` of kind ``exception`` with the server's text;
 * a JSON-RPC ``invalid params`` error -> ``invalid_arguments``;
-* the connection or the server process dies -> a ``retryable`` :class:`ToolError` (the executor retries);
-  the dead session is closed (its process reaped) and the next call starts a new one, with exponential
+* arguments the transport cannot encode (a lone surrogate, NaN) -> ``invalid_arguments`` before anything is sent,
+  so one bad call never reaches (and never breaks) the session other episodes share;
+* the server cannot be reached -> a ``retryable`` :class:`ToolError` (the call was never sent; the executor
+  retries); the connection or the server process dies while a call is in flight -> ``exception``, retryable
+  only for tools marked idempotent (annotation or config): a call that may have run is never re-sent by default.
+  The dead session is closed (its process reaped) and the next call starts a new one, with exponential
   backoff between failed (re)connects;
+* a stdio server that stops answering (hung, not dead): after ``restart_after_timeouts`` consecutive calls cancelled
+  without an answer (timeouts), its process is killed and the next call starts a new one;
 * the executor's per-call timeout cancels the pending request: the SDK sends ``notifications/cancelled``
   and the session stays usable.
 
@@ -72,8 +82,9 @@ PREFIX_SEPARATOR = "__"
 ERROR_KIND_META = "toolgym/error_kind"  # same key as toolgym.serve.mcp.ERROR_KIND_META
 _CONFIG_KEYS = {
     "command", "args", "env", "cwd", "url", "headers", "type", "transport", "timeout", "max_concurrency",
-    "include", "exclude", "cacheable", "stderr", "disabled", "description",
+    "include", "exclude", "cacheable", "stderr", "disabled", "description", "idempotent", "restart_after_timeouts",
 }  # fmt: skip
+DEFAULT_RESTART_AFTER_TIMEOUTS = 3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -93,6 +104,11 @@ class MCPServerConfig:
         cacheable: whether the executor may cache this server's results (default ``False``: tools may have
             side effects).
         stderr: where a stdio server's stderr goes: ``"inherit"``, ``"devnull"`` or a file path.
+        idempotent: which tools' calls may be re-sent after the connection died mid-call: ``True`` (all),
+            ``False`` (none), a list of server-side tool names, or ``None`` (default: the tools annotated
+            ``readOnlyHint`` or ``idempotentHint``).
+        restart_after_timeouts: restart a stdio server after this many consecutive calls cancelled without an
+            answer (``0``: never). HTTP servers are not restarted (toolgym does not own their process).
     """
 
     name: str
@@ -108,6 +124,8 @@ class MCPServerConfig:
     exclude: list[str] | None = None
     cacheable: bool = False
     stderr: str = "inherit"
+    idempotent: bool | list[str] | None = None
+    restart_after_timeouts: int = DEFAULT_RESTART_AFTER_TIMEOUTS
 
     @property
     def transport(self) -> Literal["stdio", "streamable-http"]:
@@ -139,6 +157,14 @@ class MCPServerConfig:
         if headers is not None and not isinstance(headers, Mapping):
             raise ValueError(f"mcpServers[{name!r}].headers must be an object")
         timeout = spec.get("timeout")
+        idem = spec.get("idempotent")
+        if idem is not None and not isinstance(idem, bool) and not (
+            isinstance(idem, list | tuple) and all(isinstance(x, str) for x in idem)
+        ):
+            raise ValueError(f"mcpServers[{name!r}].idempotent must be true, false or a list of tool names")
+        rat = spec.get("restart_after_timeouts", DEFAULT_RESTART_AFTER_TIMEOUTS)
+        if isinstance(rat, bool) or not isinstance(rat, int) or rat < 0:
+            raise ValueError(f"mcpServers[{name!r}].restart_after_timeouts must be an integer >= 0")
         return cls(
             name=name,
             command=os.path.expanduser(str(spec["command"])) if has_cmd else None,
@@ -153,6 +179,8 @@ class MCPServerConfig:
             exclude=list(spec["exclude"]) if spec.get("exclude") is not None else None,
             cacheable=bool(spec.get("cacheable", False)),
             stderr=str(spec.get("stderr", "inherit")),
+            idempotent=list(idem) if isinstance(idem, list | tuple) else idem,
+            restart_after_timeouts=rat,
         )
 
 
@@ -249,6 +277,21 @@ def _error_kind(result: Any) -> ToolErrorKind:
         return ToolErrorKind.EXCEPTION
 
 
+def _check_encodable(arguments: Mapping[str, Any]) -> None:
+    """Raise ``invalid_arguments`` unless ``arguments`` encode as strict JSON in UTF-8 (what the transport sends).
+
+    Checked per call before anything is sent: an argument the transport cannot encode (a lone surrogate such as
+    ``"\\ud800"`` from the model's JSON, NaN) would otherwise fail inside the shared session's writer."""
+    try:
+        json.dumps(arguments, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
+        raise ToolError(
+            f"arguments cannot be encoded for the MCP transport: {type(e).__name__}: {e}".encode(
+                "utf-8", "backslashreplace").decode("utf-8"),
+            kind=ToolErrorKind.INVALID_ARGUMENTS,
+        ) from None
+
+
 def _is_connection_error(e: BaseException) -> bool:
     """True for failures that mean the session is gone (the server died, the socket dropped)."""
     import anyio
@@ -272,6 +315,7 @@ class _Session:
         self.task: asyncio.Task[None] | None = None
         self.alive = False
         self.probe: asyncio.Task[None] | None = None
+        self.unanswered = 0  # calls cancelled (timed out) in a row with no answer from the server between them
 
     def transport_closed(self) -> bool | None:
         """Whether the SDK's dispatcher saw the transport end (EOF); ``None`` when it cannot tell."""
@@ -300,6 +344,7 @@ class MCPServerConnection:
     Attributes:
         restarts: sessions opened after the first one (server restarts / reconnects).
         connect_failures: failed connect attempts.
+        hung_restarts: sessions dropped because ``restart_after_timeouts`` calls in a row got no answer.
     """
 
     def __init__(
@@ -321,6 +366,7 @@ class MCPServerConnection:
         self.restarts = 0
         self.connect_failures = 0
         self.sessions_opened = 0
+        self.hung_restarts = 0
         self._session: _Session | None = None
         self._connecting: asyncio.Future[_Session] | None = None
         self._consecutive_failures = 0
@@ -477,6 +523,18 @@ class MCPServerConnection:
             logger.warning("MCP server %r: session lost (probe failed); reconnecting", self.name)
             self._drop(session)
 
+    def _unanswered(self, session: _Session) -> None:
+        """A call on ``session`` was cancelled with no answer (a timeout): restart a stdio server that has left
+        ``restart_after_timeouts`` calls in a row unanswered (hung, not dead: its pipe is still open)."""
+        session.unanswered += 1
+        n = self.config.restart_after_timeouts
+        if n and self.config.command is not None and session.unanswered >= n and self._session is session:
+            logger.warning(
+                "MCP server %r: %d calls in a row got no answer; restarting it as hung", self.name, session.unanswered
+            )
+            self.hung_restarts += 1
+            self._drop(session)
+
     def _drop(self, session: _Session) -> None:
         """Forget a dead session and let its owner task close it (reaping the process)."""
         session.alive = False
@@ -509,16 +567,22 @@ class MCPServerConnection:
             if not cursor:
                 return tools
 
-    async def call_tool(self, name: str, arguments: Mapping[str, Any]) -> str:
+    async def call_tool(self, name: str, arguments: Mapping[str, Any], *, idempotent: bool = False) -> str:
         """Call ``name`` on the server and return the text of its result.
 
-        Raises:
-            ToolError: ``exception`` for ``isError`` results and server-side errors, ``invalid_arguments``
-                for a JSON-RPC invalid-params error, ``exception`` + ``retryable`` when the connection died.
-        """
-        return await run_async(self._call_tool(name, dict(arguments)))
+        Args:
+            idempotent: the call may be re-sent when the connection dies while it is in flight (it may have run).
 
-    async def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        Raises:
+            ToolError: ``invalid_arguments`` for arguments the transport cannot encode (nothing is sent) and for a
+                JSON-RPC invalid-params error; ``exception`` for ``isError`` results and server-side errors;
+                ``exception`` + ``retryable`` when the server could not be reached (the call was not sent), or when
+                the connection died mid-call and ``idempotent``.
+        """
+        _check_encodable(arguments)
+        return await run_async(self._call_tool(name, dict(arguments), idempotent))
+
+    async def _call_tool(self, name: str, arguments: dict[str, Any], idempotent: bool = False) -> str:
         from mcp.shared.exceptions import MCPError
         from mcp_types import INVALID_PARAMS
 
@@ -528,20 +592,28 @@ class MCPServerConnection:
             session = await self._get_session()
             try:
                 result = await session.client.call_tool(name, arguments)
-            except (asyncio.CancelledError, ToolError):
+            except asyncio.CancelledError:
+                self._unanswered(session)
+                raise
+            except ToolError:
                 raise
             except Exception as e:
                 if _is_connection_error(e) or not session.alive:
                     await self._check_session(session)
+                    again = "retrying (idempotent tool)" if idempotent else (
+                        "not re-sent: it may have run (mark the tool idempotent to retry)"
+                    )
                     raise ToolError(
                         f"MCP server {self.name!r} connection lost during {name!r} ({type(e).__name__}: {e}); "
-                        "the server is being restarted",
-                        retryable=True,
+                        f"the server is being restarted; {again}",
+                        retryable=idempotent,
                     ) from e
+                session.unanswered = 0  # the server answered (with an error)
                 if isinstance(e, MCPError):
                     kind = ToolErrorKind.INVALID_ARGUMENTS if e.code == INVALID_PARAMS else ToolErrorKind.EXCEPTION
                     raise ToolError(e.message, kind=kind) from e
                 raise
+            session.unanswered = 0
         if getattr(result, "is_error", False):
             raise ToolError(_result_text(result) or f"tool {name!r} reported an error", kind=_error_kind(result))
         if not hasattr(result, "content"):
@@ -586,6 +658,8 @@ class MCPTool(Tool):
         server: the connection it calls through (shared with the server's other tools).
         remote_name: the tool's name on the server (``name`` may carry a ``<server>__`` prefix).
         annotations: the server's tool annotations (``mcp_types.ToolAnnotations``) or ``None``.
+        idempotent: whether a call may be re-sent after the connection died mid-call (see
+            :attr:`MCPServerConfig.idempotent`; default from the ``readOnlyHint`` / ``idempotentHint`` annotations).
     """
 
     def __init__(
@@ -599,6 +673,7 @@ class MCPTool(Tool):
         timeout_s: float | None = None,
         cacheable: bool = False,
         annotations: Any = None,
+        idempotent: bool | None = None,
     ) -> None:
         self.server = server
         self.remote_name = remote_name
@@ -611,9 +686,14 @@ class MCPTool(Tool):
         self.timeout_s = timeout_s
         self.cacheable = cacheable
         self.annotations = annotations
+        if idempotent is None:
+            idempotent = bool(
+                getattr(annotations, "read_only_hint", None) or getattr(annotations, "idempotent_hint", None)
+            )
+        self.idempotent = idempotent
 
     async def acall(self, arguments: Mapping[str, Any]) -> str:
-        return await self.server.call_tool(self.remote_name, arguments)
+        return await self.server.call_tool(self.remote_name, arguments, idempotent=self.idempotent)
 
     async def aclose(self) -> None:
         await self.server.aclose()
@@ -726,6 +806,9 @@ class MCPToolset:
                         timeout_s=cfg.timeout_s if cfg.timeout_s is not None else self.timeout_s,
                         cacheable=cfg.cacheable,
                         annotations=t.annotations,
+                        idempotent=(
+                            t.name in cfg.idempotent if isinstance(cfg.idempotent, list) else cfg.idempotent
+                        ),
                     )
                 )
         self.tools = out

@@ -13,8 +13,11 @@ Each worker, before it reads any code:
   host allows it: no network interfaces but a down loopback, its own ``/proc`` showing only its own processes,
   and when the worker exits or is killed every process it started dies with it. It leads its own session and
   process group, so the host can always kill it (``killpg``) and it cannot move out of that group;
-* gets private, size-limited ``tmpfs`` mounts over the world-writable directories (``/tmp``, ``/var/tmp``,
-  ``/dev/shm``, ``/run/lock``); its working directory is a fresh directory in its private ``/tmp``;
+* has its own **IPC namespace** (SysV shared memory, semaphores and message queues are private and vanish with it);
+* gets one private, size-limited ``tmpfs`` behind the world-writable directories (``/tmp``, ``/var/tmp``,
+  ``/dev/shm``, ``/run/lock``: one size bound for all), and an empty read-only ``/run`` (no view of host
+  services' path-based unix sockets; abstract ones are cut off by the network namespace); its working directory
+  is a fresh directory in its private ``/tmp``;
 * drops root privileges to a dedicated unprivileged uid per worker (when the host runs as root), so it cannot
   write outside its tmpfs, signal host processes or exceed ``RLIMIT_NPROC`` (which root ignores);
 * applies ``setrlimit``: CPU seconds, address space, processes, file size, open files, no core dumps;
@@ -71,7 +74,7 @@ if sys.argv[2] == "1":  # preload what snippets often import: the import is paid
             pass
 import gc, atexit
 libc = ctypes.CDLL(None, use_errno=True)
-NEWNS, NEWNET, NEWPID = 0x20000, 0x40000000, 0x20000000
+NEWNS, NEWNET, NEWPID, NEWIPC = 0x20000, 0x40000000, 0x20000000, 0x8000000
 
 def _check(rc, what):
     if rc != 0:
@@ -178,15 +181,29 @@ def setup(cfg, fds):
     sys.stderr = sys.__stderr__ = open(2, "w", 1, encoding="utf-8", errors="backslashreplace", closefd=False)
     os.setsid()  # its own session and process group: killpg reaches it, and it cannot leave the group
     if cfg["namespaces"]:
-        _check(libc.unshare(NEWNS | NEWNET), "unshare(CLONE_NEWNS | CLONE_NEWNET)")
+        # own IPC namespace: SysV shared memory, semaphores and message queues are private and die with the worker
+        _check(libc.unshare(NEWNS | NEWNET | NEWIPC), "unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)")
         _check(libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None), "make / private")  # MS_REC|MS_PRIVATE
         # hold the bind sources open first: a source under /tmp is hidden once the private tmpfs covers /tmp
         srcs = [os.open(src, os.O_RDONLY | os.O_DIRECTORY) for src in cfg["binds"]]
-        opts = ("size=%d,mode=1777" % cfg["tmpfs_bytes"]).encode()
-        for d in cfg["mounts"]:
-            _check(libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, opts), "mount tmpfs on " + d)  # NOSUID|NODEV
-        for d in cfg["covers"]:  # e.g. /root (mode 0700): an empty read-only-for-others tmpfs instead
-            _check(libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, b"size=1m,mode=755"), "mount tmpfs on " + d)
+        # /run (host services' path sockets: dbus, docker, databases) and /root-like dirs in the way of a bind:
+        # an empty tmpfs, read-only for the worker's uid
+        for d in cfg["hide"] + cfg["covers"]:
+            os.makedirs(d, exist_ok=True)
+            _check(libc.mount(b"tmpfs", d.encode(), b"tmpfs", 2 | 4, b"size=64k,mode=755"), "mount tmpfs on " + d)
+        # ONE size-limited tmpfs for every writable directory (the first, /tmp; the others are bind mounts of its
+        # subdirectories), so tmpfs_bytes bounds all the worker can store in memory-backed files
+        mounts = cfg["mounts"]
+        if mounts:
+            opts = ("size=%d,mode=1777" % cfg["tmpfs_bytes"]).encode()
+            root = mounts[0]
+            _check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", 2 | 4, opts), "mount tmpfs on " + root)  # NOSUID|NODEV
+            for d in mounts[1:]:
+                sub = root + "/.sandbox" + d.replace("/", "-")
+                os.makedirs(sub)
+                os.chmod(sub, 0o1777)
+                os.makedirs(d, exist_ok=True)
+                _check(libc.mount(sub.encode(), d.encode(), None, 4096, None), "bind " + d)  # MS_BIND
         _check(libc.mount(b"proc", b"/proc", b"proc", 2 | 4 | 8, None), "mount /proc")  # + NOEXEC
         for fd, dst in zip(srcs, cfg["binds"]):  # the interpreter's dirs, read-only, at their own paths
             os.makedirs(dst, exist_ok=True)
@@ -271,7 +288,7 @@ libc = ctypes.CDLL(None, use_errno=True)
 assert libc.unshare(0x20000000) == 0
 pid = os.fork()
 if pid == 0:
-    ok = (libc.unshare(0x20000 | 0x40000000) == 0 and libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0
+    ok = (libc.unshare(0x20000 | 0x40000000 | 0x8000000) == 0 and libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None) == 0
           and libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 6, b"size=1048576") == 0
           and libc.mount(b"proc", b"/proc", b"proc", 14, None) == 0 and os.getpid() == 1)
     os._exit(0 if ok else 1)
@@ -279,6 +296,9 @@ os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
 _WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# hidden behind an empty read-only tmpfs (namespaced mode): where host services keep their path-based unix sockets
+# (a network namespace isolates abstract sockets and TCP, not sockets that are files)
+_HIDDEN_DIRS = ("/run", "/var/run")
 
 
 def namespaces_available(python: str | None = None) -> bool:
@@ -309,7 +329,10 @@ class SandboxLimits:
         max_procs: processes + threads of the worker's uid (``RLIMIT_NPROC``; effective only for a non-root uid).
         file_size_mb: largest file the snippet may write, MiB (``RLIMIT_FSIZE``).
         open_files: open file descriptors (``RLIMIT_NOFILE``).
-        tmpfs_mb: size of each private tmpfs (namespaced mode): the total the snippet may store on disk.
+        tmpfs_mb: size of the one private tmpfs behind ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock``
+            (namespaced mode): the total the snippet may store in memory-backed files. It is not counted in
+            ``memory_mb`` (``RLIMIT_AS`` counts mappings, not tmpfs pages): a worker's worst case is
+            ``memory_mb + tmpfs_mb``, released when the worker exits.
         max_output_bytes: stdout + stderr kept; beyond it the worker is killed and the output marked truncated.
     """
 
@@ -604,6 +627,7 @@ class Sandbox:
         self.uid_base = uid_base if uid_base is not None else 200_000 + (os.getpid() % 4096) * 1024
         self._path = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))] if site_packages else []
         self._mounts = [d for d in _WRITABLE_DIRS if os.path.isdir(d)] if ns else []
+        self._hide = [d for d in _HIDDEN_DIRS if os.path.isdir(d) and not os.path.islink(d)] if ns else []
         # An unprivileged uid must be able to read the interpreter's files. Prefixes it cannot reach (a pyenv under
         # /root, mode 0700) or that a private tmpfs hides (a virtualenv under /tmp) are bind-mounted read-only at
         # their own paths; a directory in the way (/root) is covered by an empty tmpfs the binds are mounted in.
@@ -614,7 +638,7 @@ class Sandbox:
             # prefixes the dropped uid cannot reach, and prefixes under a directory the private tmpfs covers
             # (e.g. a virtualenv in a checkout under /tmp)
             def unreachable(p: str) -> bool:
-                return not _world_readable(p) or (ns and any(_under(p, d) for d in self._mounts))
+                return not _world_readable(p) or (ns and any(_under(p, d) for d in self._mounts + self._hide))
 
             hidden = [p for p in dict.fromkeys((sys.base_prefix, sys.prefix)) if unreachable(p)]
             if ns:  # site-packages outside those prefixes (PYTHONPATH, .pth files), e.g. another venv under /tmp
@@ -649,6 +673,8 @@ class Sandbox:
             "network_namespace": self.namespaces,
             "pid_namespace": self.namespaces,
             "private_tmp": self.namespaces,
+            "ipc_namespace": self.namespaces,
+            "host_sockets_hidden": self.namespaces,
             "privilege_drop": self.drop_privileges,
             "nproc_limit": True,
             "rlimits": True,
@@ -700,7 +726,7 @@ class Sandbox:
         cfg = {
             "namespaces": self.namespaces, "mounts": self._mounts, "tmpfs_bytes": lim.tmpfs_mb * mb,
             "workdir": workdir, "uid": uid, "rlimits": rlimits, "path": self._path, "binds": self._binds,
-            "covers": self._covers, "env": env,
+            "covers": self._covers, "hide": self._hide, "env": env,
         }
         return cfg, slot, host_dir
 
