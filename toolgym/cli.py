@@ -12,6 +12,7 @@ Subcommands::
     toolgym plot latency traj.jsonl|latencies.json ... --out latency.png
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
+    toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -159,12 +160,45 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
         raise CLIError(f"cannot reach the policy server at {url}: {reason}", ExitCode.UNREACHABLE) from None
 
 
+def _trainers_module(name: str) -> Any:
+    """Import ``trainers.<x>`` lazily (registry, tracking): the core never imports it at module level."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise CLIError(f"{name} is not available ({e}); install toolgym[train,registry] from a checkout",
+                       ExitCode.USAGE) from None
+
+
+def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any], *, params: dict[str, Any],
+                   artifacts: Sequence[str | Path] = ()) -> None:
+    """Send a rollout/eval summary to the ``--report-to`` backends (mlflow, tensorboard, wandb, trackio)."""
+    backends = getattr(args, "report_to_checked", None)
+    if not backends:
+        return
+    tracking = _trainers_module("trainers.tracking")
+    name = f"{kind} {params.get('env_id', '')} {Path(str(params.get('policy', ''))).name}".strip()
+    where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
+                                    artifacts=artifacts)
+    for backend, loc in where.items():
+        print(f"reported to {backend}: {loc}", file=sys.stderr)
+
+
+def check_report_to(args: argparse.Namespace) -> None:
+    """Validate ``--report-to`` before any work (exit 2 unknown/not installed, 4 MLflow server unreachable)."""
+    if getattr(args, "report_to", None):
+        args.report_to_checked = _trainers_module("trainers.tracking").check_report_backends(args.report_to)
+
+
 def _make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use."""
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
     from toolgym.rollout import OpenAIPolicy, TransformersPolicy
 
     spec: str = args.policy
+    if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
+        spec = str(_trainers_module("trainers.registry").resolve_model_uri(spec))
     if spec.startswith(("http://", "https://")):
         check_reachable(spec)
         tok = load_tokenizer(None if args.tokenizer in (None, "embedded") else args.tokenizer)
@@ -221,6 +255,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
+    check_report_to(args)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.open("w").close()
@@ -259,6 +294,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     print(format_summary(summary, stats))
     if args.json:
         print(json.dumps({"env": env_id, "out": str(out), "summary": summary, "stats": stats}))
+    report_summary(args, "rollout", {**summary, **stats}, artifacts=[out],
+                   params={"env_id": env_id, "policy": args.policy, "episodes": args.episodes, "seed": args.seed,
+                           "temperature": args.temperature, **{k: v for k, v in env_kwargs.items() if k != "tokenizer"}})
     return ExitCode.OK
 
 
@@ -477,6 +515,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
     s.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
+                   help="also log the summary to mlflow, tensorboard, wandb or trackio (repeatable or comma-separated)")
     s.set_defaults(func=cmd_rollout)
 
     s = sub.add_parser("view", help="write a self-contained HTML report of a trajectory file", epilog=_EPILOG)
@@ -509,10 +549,16 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("name", choices=list(SERVERS))
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the server")
+
+    s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
+                       "(`toolgym registry --help`)", add_help=False)
+    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
     return p
 
 
 def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["registry"]:  # trainers/registry.py owns its arguments
+        return int(_trainers_module("trainers.registry").main(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).
     if len(argv) >= 2 and argv[0] in ("bench", "serve") and not argv[1].startswith("-"):
         table = BENCHMARKS if argv[0] == "bench" else SERVERS
@@ -547,5 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m toolgym.cli`: run the importable module, so that its CLIError class is
+    from toolgym.cli import main as _main  # the one that trainers/ (registry, tracking) raise
+
+    sys.exit(_main())
