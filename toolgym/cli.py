@@ -15,6 +15,7 @@ Subcommands::
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
+    toolgym train grpo|rft|sft --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -23,7 +24,7 @@ Exit codes (:class:`ExitCode`), stable for scripts:
 * ``2`` usage error: bad arguments, unknown env / benchmark / server, a bad ``--env-kwarg`` (argparse's own
   code for usage errors);
 * ``3`` a file cannot be read or written: missing, unreadable or malformed input (not trajectory JSONL), a
-  missing benchmark script or model path, an unwritable output;
+  missing benchmark script or model path, an unwritable output; ``toolgym train`` without the ``[train]`` extra;
 * ``4`` a service is unreachable (``--policy URL`` refuses connections, times out or does not resolve);
 * ``130`` interrupted (Ctrl-C).
 
@@ -628,7 +629,25 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
+    s = sub.add_parser("train", help="train with TRL: grpo, rft or sft (`toolgym train grpo --help`)",
+                       description="toolgym train {grpo,rft,sft} --config FILE.yaml [--FIELD VALUE ...]: see "
+                                   "docs/training.md (needs the [train] extra)")
+    s.add_argument("algorithm", choices=["grpo", "rft", "sft"])
+    s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
+
+
+def run_train(argv: list[str]) -> int:
+    """``toolgym train ...``: hand ``argv`` to ``trainers.cli.main``, imported here so the core never imports
+    ``trainers`` at module level; a missing ``[train]`` extra is a one-line error (exit 3)."""
+    import importlib
+
+    try:
+        trainers_cli = importlib.import_module("trainers.cli")
+    except ModuleNotFoundError as e:
+        raise CLIError(f"`toolgym train` needs the [train] extra (missing module {e.name!r}): "
+                       "pip install 'toolgym[train]'", ExitCode.INPUT) from None
+    return int(trainers_cli.main(argv))
 
 
 def _dispatch(argv: list[str]) -> int:
@@ -640,6 +659,8 @@ def _dispatch(argv: list[str]) -> int:
         if argv[1] not in table:
             build_parser().parse_args(argv[:2])  # argparse's usage error (exit 2) listing the choices
         return run_benchmark(argv[1], argv[2:]) if argv[0] == "bench" else run_server(argv[1], argv[2:])
+    if argv and argv[0] == "train":  # everything after `train` belongs to trainers.cli (its --help included)
+        return run_train(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 

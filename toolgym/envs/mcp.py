@@ -8,6 +8,10 @@
 * ``tasks``: a JSONL file (or a list of dicts): one task per line with ``"prompt"`` (user text) or
   ``"messages"`` (a chat list), an optional ``"id"`` (default ``<file stem>-<line>``), and the fields the
   reward reads.
+* Oracle (optional, for ``toolgym eval --policy oracle`` and SFT data): a task row may carry ``"oracle_calls"``,
+  one entry per tool-calling turn, each a call ``{"name": ..., "arguments": {...}}`` or a list of them, and
+  ``"oracle_answer"``; :meth:`MCPEnv.oracle` makes those calls, then answers ``<answer>oracle_answer</answer>``,
+  or, without ``oracle_answer``, ``<answer>`` + the text of the last successful tool result.
 * ``reward``: a rule by name — ``"exact_match"``/``"em"``, ``"f1"``, ``"numeric"``/``"numeric_match"`` —
   scoring the final ``<answer>...</answer>`` against ``reward_field`` (or ``"rule@field"``; by default the
   first of ``golden_answers``/``answers``/``answer`` present in the first task); ``"module:function"`` or
@@ -198,3 +202,28 @@ class MCPEnv(ToolEnv):
             if self.toolset is not None:
                 self.toolset.close()
             raise
+
+    def oracle(self, state: Any) -> str:
+        """Replay the task's ``oracle_calls`` (one turn each), then answer with ``oracle_answer`` or the last
+        successful tool result (see the module doc). A turn whose calls all failed is repeated while turns remain.
+
+        Raises:
+            NotImplementedError: the task row has neither ``oracle_calls`` nor ``oracle_answer``.
+        """
+        task = state.task
+        turns = task.get("oracle_calls")
+        if turns is None and "oracle_answer" not in task:
+            raise NotImplementedError(
+                f"no oracle for MCP-v0 task {task.get('id')!r}: give the task row 'oracle_calls' (one call or a list "
+                "of calls per turn, each {'name', 'arguments'}) and/or 'oracle_answer'"
+            )
+        turns = [] if turns is None else [t if isinstance(t, list) else [t] for t in turns]
+        traj = state.trajectory
+        done = [t for t in (traj.turns if traj is not None else []) if t.calls and any(r.ok for r in t.results)]
+        if len(done) < len(turns) and state.turn < self.max_turns - 1:  # a failed turn is not done: replayed
+            calls = [(str(c["name"]), dict(c.get("arguments") or {})) for c in turns[len(done)]]
+            return self.format.parser.format_calls(calls)
+        if "oracle_answer" in task:
+            return f"<answer>{task['oracle_answer']}</answer>"
+        ok = [r for t in done[-1:] for r in t.results if r.ok]
+        return f"<answer>{ok[-1].content.strip() if ok else ''}</answer>"
