@@ -183,6 +183,23 @@ def test_sqlite_default_register_list_promote_and_load_by_uri(sqlite_store, tmp_
     by_path = _rollout_ids(capsys, str(ckpts["tiny2"]), tmp_path / "b.jsonl")
     other = _rollout_ids(capsys, "models:/calc/1", tmp_path / "c.jsonl")
     assert by_uri == by_path and [lp for _, lp in by_uri] != [lp for _, lp in other] and by_uri[0][1]
+    # `toolgym eval` by URI, reported to MLflow; its --json report attaches to the version it evaluated
+    rc, out, err = _cli(capsys, "eval", "calculator", "--policy", "models:/calc/3", "--split", "test", "--tasks",
+                        "3", "--max-new-tokens", "4", "--json", "--no-progress", "--out", str(tmp_path / "e.jsonl"),
+                        "--report-to", "mlflow")
+    assert rc == 0, err
+    report = json.loads(out.splitlines()[-1])
+    (tmp_path / "real.json").write_text(json.dumps(report))
+    run_id = next(line.split(": ")[1] for line in err.splitlines() if line.startswith("reported to mlflow"))
+    client = mlflow.MlflowClient(f"sqlite:///{sqlite_store / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert run.data.tags["toolgym.kind"] == "eval" and run.data.params["policy"] == "models:/calc/3"
+    assert run.data.metrics["n_tasks"] == 3 and run.data.metrics["success"] == report["success"]
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == ["e.jsonl", "eval.json"]
+    assert _cli(capsys, "registry", "attach-eval", "calc", "3", "--eval", str(tmp_path / "real.json"))[0] == 0
+    rows = {r["version"]: r for r in json.loads(_cli(capsys, "registry", "list", "calc", "--json")[1])}
+    assert rows[3]["n_tasks"] == 3 and rows[3]["task_set"] != rows[2]["task_set"]
+    assert rows[3]["success_ci95"] == pytest.approx(report["success_ci95"], abs=1e-4)
 
 
 @pytest.mark.timeout(300)

@@ -242,7 +242,7 @@ def _trainers_module(name: str) -> Any:
 
 
 def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any], *, params: dict[str, Any],
-                   artifacts: Sequence[str | Path] = ()) -> None:
+                   artifacts: Sequence[str | Path] = (), documents: dict[str, Any] | None = None) -> None:
     """Send a rollout/eval summary to the ``--report-to`` backends (mlflow, tensorboard, wandb, trackio)."""
     backends = getattr(args, "report_to_checked", None)
     if not backends:
@@ -250,7 +250,7 @@ def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any],
     tracking = _trainers_module("trainers.tracking")
     name = f"{kind} {params.get('env_id', '')} {Path(str(params.get('policy', ''))).name}".strip()
     where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
-                                    artifacts=artifacts)
+                                    artifacts=artifacts, documents=documents)
     for backend, loc in where.items():
         print(f"reported to {backend}: {loc}", file=sys.stderr)
 

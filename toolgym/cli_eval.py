@@ -47,6 +47,9 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true",
                    help="print the report as one JSON object on the last stdout line (the table goes to stderr)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
+                   help="also log the report to mlflow, tensorboard, wandb or trackio (repeatable or comma-separated; "
+                        "mlflow: metrics + the report JSON + the --out trajectories as artifacts)")
     s.set_defaults(func=cmd_eval)
     return s
 
@@ -98,6 +101,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.split is not None:
         env_kwargs["split"] = args.split
 
+    from toolgym.cli import check_report_to, report_summary
+
+    check_report_to(args)  # before any work: unknown / not installed backend (2), unreachable MLflow server (4)
     policy, tok, name = _policy(args)
     if tok is not None:
         env_kwargs.setdefault("tokenizer", tok)
@@ -136,4 +142,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict()))
     else:
         print(table)
+    data = report.to_dict()
+    report_summary(args, "eval", data, documents={"eval.json": data}, artifacts=[args.out] if args.out else [],
+                   params={k: data.get(k) for k in ("env_id", "split", "n_tasks", "k", "seed", "policy")}
+                   | {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens})
     return ExitCode.OK

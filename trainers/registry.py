@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import shutil
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.cli import CLIError, ExitCode
-from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, runs_dir, tracking_uri
+from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
 
 __all__ = [
     "EVAL_KEYS",
@@ -556,8 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``toolgym registry ...``; returns the exit code. Raises :class:`RegistryError` (a ``CLIError``) for the
     ``toolgym`` command to print as one line."""
     a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    for noisy in ("mlflow", "alembic"):  # their INFO lines (database migrations, ...) are not for the user
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_logs()
     if a.action == "list":
         rows = list_versions(a.name)
         print(json.dumps(rows, indent=1) if a.json else format_table(rows))

@@ -25,7 +25,9 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import logging
 import os
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -266,6 +268,7 @@ def mlflow_callbacks(toolgym_config: Any, trainer_config: Any) -> list[Any]:
 def check_report_backends(names: Sequence[str]) -> list[str]:
     """Validate ``--report-to`` names before any work: known and installed (exit 2 otherwise); an MLflow server
     named by ``MLFLOW_TRACKING_URI`` must answer (exit 4). Returns the names, de-duplicated in order."""
+    quiet_logs()
     out: list[str] = []
     for raw in names:
         for name in (n.strip().lower() for n in raw.split(",")):
@@ -285,6 +288,12 @@ def check_report_backends(names: Sequence[str]) -> list[str]:
     return out
 
 
+def quiet_logs() -> None:
+    """Command-line use: MLflow's and alembic's INFO lines (database migrations, ...) are not for the user."""
+    for noisy in ("mlflow", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def _numeric(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     """Flatten nested numeric values: ``{"errors": {"timeout": 2}}`` -> ``{"errors/timeout": 2.0}``."""
     out: dict[str, float] = {}
@@ -296,14 +305,15 @@ def _numeric(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
             out[key] = float(v)
         elif isinstance(v, Mapping):
             out.update(_numeric(v, key + "/"))
-        elif isinstance(v, list | tuple) and len(v) == 2 and all(isinstance(x, int | float) for x in v):
+        elif (isinstance(v, list | tuple) and "ci" in str(k) and len(v) == 2
+              and all(isinstance(x, int | float) for x in v)):  # a confidence interval
             out[f"{key}/lo"], out[f"{key}/hi"] = float(v[0]), float(v[1])
     return out
 
 
 def report_summary(backends: Sequence[str], *, kind: str, run_name: str, metrics: Mapping[str, Any],
                    params: Mapping[str, Any] | None = None, artifacts: Sequence[str | os.PathLike[str]] = (),
-                   ) -> dict[str, str]:
+                   documents: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Write one evaluation/rollout summary to each backend; returns ``{backend: where}`` (an MLflow run id,
     a log directory, a project name).
 
@@ -313,7 +323,8 @@ def report_summary(backends: Sequence[str], *, kind: str, run_name: str, metrics
         run_name: the run's display name.
         metrics: numeric summary values (nested mappings and ``[lo, hi]`` pairs are flattened); others ignored.
         params: configuration shown with the run (env id, split, policy, seed, ...).
-        artifacts: files to attach (MLflow only: the summary JSON, the trajectory file).
+        artifacts: files to attach (MLflow only: the trajectory file).
+        documents: ``{file name: JSON-serialisable object}`` attached as JSON files (MLflow only: the report).
     """
     flat = _numeric(metrics)
     params = {k: v for k, v in dict(params or {}).items() if v is not None}
@@ -334,11 +345,13 @@ def report_summary(backends: Sequence[str], *, kind: str, run_name: str, metrics
                 for path in artifacts:
                     if Path(path).is_file():
                         mlflow.log_artifact(str(path))
+                for fname, obj in dict(documents or {}).items():
+                    mlflow.log_dict(obj, fname)
                 where[name] = run.info.run_id
         elif name == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 
-            logdir = runs_dir() / "tensorboard" / kind / run_name.replace("/", "_")
+            logdir = runs_dir() / "tensorboard" / kind / re.sub(r"[^A-Za-z0-9._-]+", "_", run_name).strip("_")
             writer = SummaryWriter(log_dir=str(logdir))
             try:
                 for k, v in flat.items():
