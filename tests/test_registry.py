@@ -290,26 +290,15 @@ def test_real_server_register_promote_and_download(mlflow_server, tmp_path, caps
 
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-def test_two_step_grpo_run_is_tracked_and_registered_with_its_lineage(sqlite_store, tmp_path, capsys):
-    import torch
-    from trl import GRPOConfig
-
-    from toolgym.models import load_tokenizer, tiny_random_model
-    from trainers.grpo import ToolgymGRPOArgs, build_trainer, env_tasks
-
-    torch.manual_seed(0)
-    tok = load_tokenizer()
-    tg = ToolgymGRPOArgs(env_id=ENV, env_kwargs={"split": "train"}, num_train_tasks=2, max_turn_tokens=8,
-                         trajectory_dir=str(tmp_path / "traj"))
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=32, max_steps=2, logging_steps=1, report_to=["mlflow"], use_cpu=True,
-                      save_strategy="no", seed=0, disable_tqdm=True, run_name="grpo-test")
-    tasks = env_tasks(ENV, 2, env_kwargs={"split": "train", "tokenizer": tok})
-    trainer, _ = build_trainer(tg, args, model=tiny_random_model(tok), tokenizer=tok, tasks=tasks)
-    trainer.train()
-    trainer.save_model(args.output_dir)
-    tok.save_pretrained(args.output_dir)
-
+def test_two_step_toolgym_train_run_is_tracked_and_registered_with_its_lineage(sqlite_store, tmp_path, capsys):
+    config = Path(__file__).resolve().parent.parent / "trainers" / "configs" / "grpo_calculator_cpu.yaml"
+    rc, out, err = _cli(capsys, "train", "grpo", "--config", str(config), "--toolgym.model", "tiny",
+                        "--toolgym.num_train_tasks", "2", "--toolgym.max_turn_tokens", "8", "--toolgym.threads", "1",
+                        "--toolgym.trajectory_dir", str(tmp_path / "traj"), "--max_steps", "2",
+                        "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "32",
+                        "--output_dir", str(tmp_path / "out"), "--run_name", "grpo-test", "--report_to", "mlflow",
+                        "--disable_tqdm", "true")
+    assert rc == 0, err[-3000:]
     lineage = json.loads((tmp_path / "out" / "toolgym_run.json").read_text())
     client = mlflow.MlflowClient(f"sqlite:///{sqlite_store / 'mlflow.db'}")
     run = client.get_run(lineage["training_run_id"])
