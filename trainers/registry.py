@@ -237,8 +237,8 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
     registration run and creates the version. On any failure after that the run (and a model created by this
     call) is deleted, so nothing is half-registered.
     """
-    if not name or "/" in name or "@" in name or ":" in name:
-        raise RegistryError(f"bad model name {name!r} (no '/', '@' or ':')", ExitCode.USAGE)
+    if not name or any(c in name for c in "/@:'\"") or name != name.strip():
+        raise RegistryError(f"bad model name {name!r} (no '/', '@', ':' or quotes)", ExitCode.USAGE)
     lineage = validate_checkpoint(checkpoint)
     if env_id:
         lineage["env_id"] = env_id

@@ -256,7 +256,8 @@ def mlflow_callbacks(toolgym_config: Any, trainer_config: Any) -> list[Any]:
         if "mlflow" not in report_to:
             return []
         raise TrackingError("report_to mlflow needs MLflow: pip install 'toolgym[registry]'", ExitCode.USAGE)
-    configure_mlflow()
+    if int(os.environ.get("RANK", "0") or 0) == 0:  # only rank 0 logs (as transformers' MLflowCallback)
+        configure_mlflow()
     return [ToolgymMLflowCallback(toolgym_config, trainer_config)]
 
 
