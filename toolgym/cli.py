@@ -248,7 +248,8 @@ def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any],
     if not backends:
         return
     tracking = _trainers_module("trainers.tracking")
-    name = f"{kind} {params.get('env_id', '')} {Path(str(params.get('policy', ''))).name}".strip()
+    policy = str(params.get("policy", ""))
+    name = f"{kind} {params.get('env_id', '')} {policy if ':/' in policy else Path(policy).name}".strip()
     where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
                                     artifacts=artifacts, documents=documents)
     for backend, loc in where.items():
