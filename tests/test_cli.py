@@ -280,3 +280,64 @@ def test_parser_help_mentions_exit_codes(capsys: pytest.CaptureFixture[str]) -> 
     for cmd in ("list", "rollout", "view", "plot", "bench", "serve"):
         assert cmd in text
     assert build_parser().parse_args(["rollout", "calculator"]).policy == "embedded"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# exit codes of env construction (docs/cli.md "Exit codes") and MCP start-up messages
+# ---------------------------------------------------------------------------------------------------------------
+
+_DIE = ("import sys; sys.stderr.write('starting\\n'); sys.stderr.write('boom: MY_API_KEY is not set\\n'); "
+        "sys.exit(3)")
+
+
+def _mcp_files(tmp_path: Path) -> dict[str, Path]:
+    f = {name: tmp_path / name for name in ("die.json", "die_null.json", "url.json", "bad.json", "shape.json",
+                                            "tasks.jsonl", "bad_tasks.jsonl")}
+    die = {"command": sys.executable, "args": ["-c", _DIE]}
+    f["die.json"].write_text(json.dumps({"mcpServers": {"dead": die}}))
+    f["die_null.json"].write_text(json.dumps({"mcpServers": {"dead": {**die, "stderr": "devnull"}}}))
+    f["url.json"].write_text(json.dumps({"mcpServers": {"far": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
+    f["bad.json"].write_text('{"mcpServers": ')
+    f["shape.json"].write_text(json.dumps({"mcpServers": {"x": {"command": "a", "url": "http://b"}}}))
+    f["tasks.jsonl"].write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n")
+    f["bad_tasks.jsonl"].write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"oops": 1}) + "\n")
+    return f
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("config", "tasks", "code", "needles"),
+    [
+        ("die.json", "tasks.jsonl", ExitCode.UNREACHABLE,
+         ["cannot connect to MCP server 'dead': connection closed", "boom: MY_API_KEY is not set"]),
+        ("die_null.json", "tasks.jsonl", ExitCode.UNREACHABLE, ["connection closed", "boom: MY_API_KEY is not set"]),
+        ("url.json", "tasks.jsonl", ExitCode.UNREACHABLE, ["'far': all connection attempts failed (url http://"]),
+        ("missing.json", "tasks.jsonl", ExitCode.INPUT, ["MCP config not found"]),
+        ("bad.json", "tasks.jsonl", ExitCode.INPUT, ["cannot parse MCP config", "bad.json"]),
+        ("shape.json", "tasks.jsonl", ExitCode.INPUT, ["shape.json", "exactly one of 'command'"]),
+        ("die.json", "missing.jsonl", ExitCode.INPUT, ["task file not found"]),
+        ("die.json", "bad_tasks.jsonl", ExitCode.INPUT, ["bad_tasks.jsonl:2", "needs 'prompt' or 'messages'"]),
+    ],
+)
+def test_mcp_env_errors_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str,
+                                                tasks: str, code: int, needles: list[str]) -> None:
+    _mcp_files(tmp_path)
+    rc = main(["eval", "MCP-v0", "--policy", "oracle", "--no-progress",
+               "--env-kwarg", f"mcp_config={tmp_path / config}", "--env-kwarg", f"tasks={tmp_path / tasks}"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == code, err
+    assert err.startswith("toolgym: error: ")
+    for needle in needles:
+        assert needle in err
+    for raw in ("ExceptionGroup", "TaskGroup", "ValueError:", "FileNotFoundError:", "ConnectionError:", "ToolError:"):
+        assert raw not in err
+
+
+@pytest.mark.parametrize(("kwarg", "needle"), [("max_turns=abc", "max_turns must be a positive integer, got 'abc'"),
+                                               ("max_turns=0", "max_turns must be a positive integer, got 0"),
+                                               ("max_obs_tokens=-5", "max_obs_tokens must be a positive integer"),
+                                               ("split=bogus", "split must be")])
+def test_bad_env_kwarg_values_are_usage_errors(capsys: pytest.CaptureFixture[str], kwarg: str, needle: str) -> None:
+    assert main(["eval", "calculator", "--policy", "oracle", "--tasks", "1", "--env-kwarg", kwarg]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "ValueError" not in err[0]
