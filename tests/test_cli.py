@@ -263,6 +263,27 @@ def test_bench_real_vector_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "vector", "--sizes", "1", "4", "--async-max", "0"]) == 0
     out = capsys.readouterr().out
     assert "== vector: ratios ==" in out and "seq/toolgym" in out
+    ratios = out.split("== vector: ratios ==")[1]
+    assert "sequential/toolgym N=4" in ratios and "x\n" in ratios  # read from the script's JSON summary line
+    assert "toolgym ms" in out  # the table has units
+
+
+def test_bench_reads_the_json_summary_line_and_help_has_no_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    (bench / "tool_latency.py").write_text(
+        "import json, sys\n"
+        "if '--help' in sys.argv: print('usage: compare ratio vs direct  calls  x vs y'); sys.exit(0)\n"
+        "print('a ratio of 9.9x scraped from text must not be used')\n"
+        "print(json.dumps({'toolgym_bench': 'tools', 'ratios': {'calc@1': 1.25}, 'units': {'ratio': 'p50/p50'}}))\n"
+    )
+    monkeypatch.setenv("TOOLGYM_BENCHMARKS", str(bench))
+    assert main(["bench", "tools", "--help"]) == 0
+    assert "ratios ==" not in capsys.readouterr().out
+    assert main(["bench", "tools"]) == 0
+    section = capsys.readouterr().out.split("== tools: ratios ==")[1]
+    assert "calc@1  1.25x" in section and "(ratio: p50/p50)" in section and "9.9x" not in section
 
 
 def test_serve_dispatch(capsys: pytest.CaptureFixture[str]) -> None:

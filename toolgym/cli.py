@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main"]
+__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main", "summary_line"]
 
 
 class ExitCode(enum.IntEnum):
@@ -484,13 +484,41 @@ def run_benchmark(name: str, extra: Sequence[str]) -> int:
     if rc != 0:
         _err(f"benchmark {name} ({script.name}) exited with status {rc} after {wall:.0f} s")
         return ExitCode.FAILURE
-    ratios = ratio_lines(lines)
-    if ratios:
-        print(f"\n== {name}: ratios ==")
-        for r in ratios:
-            print(r)
+    if any(a in ("-h", "--help") for a in extra):
+        return ExitCode.OK  # the script printed its help; there are no results to summarise
+    summary = summary_line(lines)
+    if summary is not None:
+        ratios = summary.get("ratios") or {}
+        if ratios:
+            print(f"\n== {name}: ratios ==")
+            width = max(len(str(k)) for k in ratios)
+            for k, v in ratios.items():
+                print(f"{k:<{width}}  {v:.2f}x" if isinstance(v, int | float) else f"{k:<{width}}  {v}")
+            for k, v in (summary.get("units") or {}).items():
+                print(f"  ({k}: {v})")
+    else:  # a script without a summary line: repeat the lines that state ratios
+        ratios_text = ratio_lines(lines)
+        if ratios_text:
+            print(f"\n== {name}: ratios ==")
+            for r in ratios_text:
+                print(r)
     print(f"\n{name}: done in {wall:.0f} s ({script.name})")
     return ExitCode.OK
+
+
+def summary_line(lines: Sequence[str]) -> dict[str, Any] | None:
+    """The benchmark's JSON summary: the last stdout line that is a JSON object with a ``toolgym_bench`` key
+    (``{"toolgym_bench": NAME, "ratios": {label: x}, "units": {...}, "results": {...}}``), or ``None``."""
+    for line in reversed(lines):
+        s = line.strip()
+        if s.startswith("{") and '"toolgym_bench"' in s:
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
 
 
 def run_server(name: str, extra: Sequence[str]) -> int:
