@@ -362,3 +362,13 @@ def test_bad_env_kwarg_values_are_usage_errors(capsys: pytest.CaptureFixture[str
     assert main(["eval", "calculator", "--policy", "oracle", "--tasks", "1", "--env-kwarg", kwarg]) == ExitCode.USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "ValueError" not in err[0]
+
+
+def test_mcp_example_check_setup_says_when_uvx_is_missing(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "PATH": str(tmp_path)}  # no uvx on this PATH
+    r = subprocess.run([sys.executable, str(repo / "examples" / "mcp" / "check_setup.py")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line, no traceback
+    assert "server command not found (calculator: 'uvx')" in r.stderr and "pip install uv" in r.stderr
