@@ -117,6 +117,11 @@ def test_rollout_env_kwargs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                  "--env-kwarg", "no_such_option=1", "--out", str(out), "--no-progress"]) == ExitCode.USAGE
     assert "no_such_option" in capsys.readouterr().err
     assert main(["rollout", "Calculator-v0", "--env-kwarg", "=1", "--out", str(out)]) == ExitCode.USAGE
+    capsys.readouterr()
+    assert main(["rollout", "Calculator-v0", "--policy", "tiny", "--episodes", "1", "--env-kwarg", "split=bogus",
+                 "--out", str(out), "--no-progress"]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == "toolgym: error: bad env arguments for toolgym/Calculator-v0: split must be 'train' or 'test'"
     assert main(["rollout", "Calculator-v0", "--episodes", "0", "--out", str(out)]) == ExitCode.USAGE
 
 
