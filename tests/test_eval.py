@@ -274,3 +274,15 @@ def test_cli_eval_with_a_model_policy(capsys):
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert d["n_tasks"] == 3 and d["episodes"] == 3 and d["policy"] == "tiny" and len(set(d["task_ids"])) == 3
     assert d["generated_tokens"] > 0 and 0.0 <= d["success_ci95"][0] <= d["success"] <= d["success_ci95"][1]
+
+
+@pytest.mark.timeout(120)
+def test_progress_shows_turns_calls_and_tokens_while_running():
+    """The bar's live counters move before any episode has finished (one slow wave of 4 episodes)."""
+    proc = _cli("eval", ECHO, "--policy", "oracle", "--split", "test", "--tasks", "4", "--num-envs", "4",
+                env={"EVAL_ECHO_DELAY_S": "0.6"})
+    _, err = proc.communicate(timeout=100)
+    assert proc.returncode == 0, err
+    frames = err.replace("\r", "\n").splitlines()
+    early = [f for f in frames if " 0/4 " in f and "turns=" in f]  # 0 episodes done, turns already counted
+    assert early and "calls=" in early[-1] and "tok_s=" in early[-1]

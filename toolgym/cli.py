@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main"]
+__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main", "summary_line"]
 
 
 class ExitCode(enum.IntEnum):
@@ -195,7 +195,11 @@ def env_construction_error(env_id: str, exc: BaseException) -> CLIError:
         return CLIError(f"{env_id}: cannot read {where}: {detail}" if where else f"{env_id}: {detail}", ExitCode.INPUT)
     if isinstance(exc, ConnectionError | TimeoutError):
         return CLIError(f"{env_id}: cannot reach a service: {msg}", ExitCode.UNREACHABLE)
-    if isinstance(exc, TypeError | ValueError | gym.error.Error):
+    from toolgym.errors import InputFileError
+
+    if isinstance(exc, InputFileError):
+        return CLIError(f"{env_id}: {msg}", ExitCode.INPUT)
+    if isinstance(exc, TypeError | ValueError | ImportError | gym.error.Error):
         return CLIError(f"bad env arguments for {env_id}: {msg}", ExitCode.USAGE)
     return CLIError(f"{env_id}: {msg}", ExitCode.FAILURE)
 
@@ -327,42 +331,42 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
     check_report_to(args)
+    from toolgym.eval import JSONLStream, check_writable, make_eval_vector_env
+
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.open("w").close()
+        check_writable(out)  # the file itself is replaced only once the first episode has finished
     except OSError as e:
         raise CLIError(f"cannot write {out}: {e.strerror or e}", ExitCode.INPUT) from None
 
-    import gymnasium as gym
-    from gymnasium.vector import AutoresetMode
-
-    import toolgym  # noqa: F401  (registers the envs)
-    from toolgym.rollout import RolloutDriver, summarize, write_trajectories
+    from toolgym.rollout import RolloutDriver, summarize
 
     policy, tok = _make_policy(args)
     env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
-        venv = gym.make_vec(env_id, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **env_kwargs)
-    except TypeError as e:
-        raise CLIError(f"bad --env-kwarg for {env_id}: {e}", ExitCode.USAGE) from None
+        venv = make_eval_vector_env(env_id, num_envs, env_kwargs)
+    except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
+        raise env_construction_error(env_id, e) from None
     try:
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
-        try:
-            trajs = driver.run([None] * args.episodes, seeds=args.seed, progress=not args.no_progress)
-        except Exception as e:
-            import aiohttp
+        with JSONLStream(out) as stream:  # episodes are streamed as they finish: an interrupted run keeps them
+            try:
+                trajs = driver.run([None] * args.episodes, seeds=args.seed, progress=not args.no_progress,
+                                   on_episode=lambda _k, t: stream.write(t.to_dict()))
+            except Exception as e:
+                import aiohttp
 
-            if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
-                raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
-            raise
-        write_trajectories(out, trajs)
+                if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
+                    raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
+                raise
         summary = summarize(trajs)
         stats = driver.stats.to_dict()
     finally:
         venv.close()
-    print(f"{env_id}: {len(trajs)} episodes -> {out}")
-    print(format_summary(summary, stats))
+    # with --json, stdout carries the JSON object alone; the human summary goes to stderr
+    human = sys.stderr if args.json else sys.stdout
+    print(f"{env_id}: {len(trajs)} episodes -> {out}", file=human)
+    print(format_summary(summary, stats), file=human)
     if args.json:
         print(json.dumps({"env": env_id, "out": str(out), "summary": summary, "stats": stats}))
     report_summary(args, "rollout", {**summary, **stats}, artifacts=[out],
@@ -520,13 +524,41 @@ def run_benchmark(name: str, extra: Sequence[str]) -> int:
     if rc != 0:
         _err(f"benchmark {name} ({script.name}) exited with status {rc} after {wall:.0f} s")
         return ExitCode.FAILURE
-    ratios = ratio_lines(lines)
-    if ratios:
-        print(f"\n== {name}: ratios ==")
-        for r in ratios:
-            print(r)
+    if any(a in ("-h", "--help") for a in extra):
+        return ExitCode.OK  # the script printed its help; there are no results to summarise
+    summary = summary_line(lines)
+    if summary is not None:
+        ratios = summary.get("ratios") or {}
+        if ratios:
+            print(f"\n== {name}: ratios ==")
+            width = max(len(str(k)) for k in ratios)
+            for k, v in ratios.items():
+                print(f"{k:<{width}}  {v:.2f}x" if isinstance(v, int | float) else f"{k:<{width}}  {v}")
+            for k, v in (summary.get("units") or {}).items():
+                print(f"  ({k}: {v})")
+    else:  # a script without a summary line: repeat the lines that state ratios
+        ratios_text = ratio_lines(lines)
+        if ratios_text:
+            print(f"\n== {name}: ratios ==")
+            for r in ratios_text:
+                print(r)
     print(f"\n{name}: done in {wall:.0f} s ({script.name})")
     return ExitCode.OK
+
+
+def summary_line(lines: Sequence[str]) -> dict[str, Any] | None:
+    """The benchmark's JSON summary: the last stdout line that is a JSON object with a ``toolgym_bench`` key
+    (``{"toolgym_bench": NAME, "ratios": {label: x}, "units": {...}, "results": {...}}``), or ``None``."""
+    for line in reversed(lines):
+        s = line.strip()
+        if s.startswith("{") and '"toolgym_bench"' in s:
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
 
 
 def run_server(name: str, extra: Sequence[str]) -> int:
@@ -569,24 +601,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("rollout", help="run episodes with a policy, write trajectories, print a summary",
-                       epilog=_EPILOG)
+                       epilog=_EPILOG, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("env", help="env id (toolgym/Calculator-v0, Calculator-v0 or calculator)")
     s.add_argument("--policy", default="embedded",
                    help="'embedded' (SmolLM2-135M), 'tiny' (tiny random model), an http(s):// URL of an "
                         "OpenAI-compatible server (vLLM, `toolgym serve model`), or a model path")
     s.add_argument("--episodes", type=int, default=8)
-    s.add_argument("--out", default="trajectories.jsonl", help="trajectory JSONL to write (overwritten)")
+    s.add_argument("--out", default="trajectories.jsonl", help="trajectory JSONL, streamed as episodes finish "
+                   "(an existing file is replaced once the first episode is done)")
     s.add_argument("--seed", type=int, default=0, help="episode k draws its task with seed + k")
-    s.add_argument("--num-envs", type=int, default=None, help="parallel episodes (default: min(episodes, 8))")
+    s.add_argument("--num-envs", type=int, default=None, help="parallel episodes (None: min(episodes, 8))")
     s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
-    s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep")
+    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy")
+    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
     s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
     s.add_argument("--tokenizer", default=None, help="with a URL policy: the server model's tokenizer "
                    "(name or path; default: the embedded one)")
     s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
-    s.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    s.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON object alone on stdout (the table goes to stderr)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
                    help="also log the summary to mlflow, tensorboard, wandb or trackio (repeatable or comma-separated)")

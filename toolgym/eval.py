@@ -40,12 +40,15 @@ from typing import IO, Any
 
 import numpy as np
 
+from toolgym.errors import InputFileError
 from toolgym.trajectory import Trajectory
 
 __all__ = [
     "EvalReport",
+    "JSONLStream",
     "TaskFileError",
     "TaskSelectionError",
+    "check_writable",
     "evaluate",
     "import_env_id",
     "make_eval_vector_env",
@@ -63,7 +66,7 @@ class TaskSelectionError(ValueError):
     """The requested tasks cannot be selected (``all`` on an infinite split, more tasks than the split has...)."""
 
 
-class TaskFileError(TaskSelectionError):
+class TaskFileError(TaskSelectionError, InputFileError):
     """A task file is missing, unreadable, malformed, empty, or has duplicate task ids."""
 
 
@@ -305,8 +308,10 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-class _StreamWriter:
-    """Writes JSONL rows as episodes finish; the target is replaced atomically when the first row exists."""
+class JSONLStream:
+    """Writes JSONL rows one at a time, flushed, without ever emptying an existing file early: the first row goes
+    to a temporary file next to ``path`` that then atomically replaces it; later rows are appended.
+    Use as a context manager or call :meth:`close`. ``rows`` counts the rows written."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -338,6 +343,12 @@ class _StreamWriter:
         if self.fh is not None:
             self.fh.close()
             self.fh = None
+
+    def __enter__(self) -> JSONLStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def check_writable(path: str | os.PathLike[str]) -> None:
@@ -568,7 +579,7 @@ def evaluate(
             policy = oracle_policy(venv)
         ids = [task_id(r) for r in rows]
         episodes = [r for r in rows for _ in range(k)]
-        writer = _StreamWriter(out) if out is not None else None
+        writer = JSONLStream(out) if out is not None else None
 
         def on_episode(i: int, traj: Trajectory) -> None:
             if writer is not None:

@@ -82,6 +82,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         eot_token: str | None = None,
         render_mode: str | None = None,
     ) -> None:
+        for name, value in (("max_turns", max_turns), ("max_episode_tokens", max_episode_tokens),
+                            ("max_obs_tokens", max_obs_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if tokenizer is None or isinstance(tokenizer, str):
             from toolgym.models import load_tokenizer
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from toolgym.data.jsonl import iter_jsonl
 from toolgym.envs.base import ToolEnv
+from toolgym.errors import InputFileError
 from toolgym.rewards.base import Reward, RewardLike
 from toolgym.tools.mcp import ConfigSource, MCPToolset
 
@@ -59,7 +60,8 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
     Raises:
         FileNotFoundError: no such file.
         ValueError: a line is not a JSON object, or a row has neither ``prompt`` nor ``messages`` (the message
-            gives the line / row number), or there are no tasks.
+            gives the line / row number), or there are no tasks (from a file:
+            :class:`~toolgym.errors.InputFileError`).
     """
     rows: list[dict[str, Any]] = []
     if isinstance(tasks, str | os.PathLike):
@@ -67,9 +69,11 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
         if not path.exists():
             raise FileNotFoundError(f"task file not found: {path}")
         stem = path.stem
-        for lineno, row in iter_jsonl(path):
+        for lineno, row in iter_jsonl(path, error=InputFileError):
             row.setdefault("id", f"{stem}-{lineno}")
-            rows.append(_check_row(row, f"{path}:{lineno}"))
+            rows.append(_check_row(row, f"{path}:{lineno}", InputFileError))
+        if not rows:
+            raise InputFileError(f"{path}: no tasks")
     else:
         for i, row in enumerate(tasks):
             if not isinstance(row, Mapping):
@@ -82,13 +86,13 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
     return rows
 
 
-def _check_row(row: dict[str, Any], where: str) -> dict[str, Any]:
+def _check_row(row: dict[str, Any], where: str, error: type[ValueError] = ValueError) -> dict[str, Any]:
     if "prompt" not in row and "messages" not in row:
-        raise ValueError(f"{where}: a task needs 'prompt' or 'messages'")
+        raise error(f"{where}: a task needs 'prompt' or 'messages'")
     if "messages" in row and not (
         isinstance(row["messages"], list) and all(isinstance(m, dict) and "role" in m for m in row["messages"])
     ):
-        raise ValueError(f"{where}: 'messages' must be a list of {{'role', 'content'}} dicts")
+        raise error(f"{where}: 'messages' must be a list of {{'role', 'content'}} dicts")
     row["id"] = str(row["id"])
     return row
 
