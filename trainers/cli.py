@@ -29,6 +29,7 @@ section is checked against ``RFTConfig.toolgym``'s dataclass type when it has on
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import difflib
 import importlib
@@ -158,10 +159,24 @@ def _set_dotted(cfg: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _hints(cls: type) -> dict[str, Any]:
+    """Field name -> type of the dataclass ``cls`` (string annotations resolved one by one; ``object`` for
+    what cannot be resolved, i.e. not checked)."""
     try:
         return typing.get_type_hints(cls)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: fall back to the raw ones
-        return {f.name: f.type for f in dataclasses.fields(cls)}
+    except Exception:  # noqa: BLE001 - some annotation does not resolve: resolve the others
+        pass
+    module = sys.modules.get(cls.__module__)
+    namespace = {**vars(builtins), **(vars(module) if module is not None else {})}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        tp = f.type
+        if isinstance(tp, str):
+            try:
+                tp = eval(tp, namespace)  # what typing.get_type_hints does for each annotation
+            except Exception:  # noqa: BLE001
+                tp = object
+        out[f.name] = tp
+    return out
 
 
 def _scalar_types(tp: Any) -> set[type]:
