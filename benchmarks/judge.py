@@ -173,6 +173,11 @@ def main() -> None:
             f"{r['judgements_per_s'] / base[r['style']]:.1f} | {r['p50_s']:.2f} | {r['p95_s']:.2f} | "
             f"{r['failures'] or '-'} |"
         )
+    ratios = {f"{r['style']} c={r['concurrency']} vs c={min(args.concurrency)}":
+              round(r["judgements_per_s"] / base[r["style"]], 3) for r in rows if r["concurrency"] != min(args.concurrency)}
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "judge", "units": {"ratio": "judgements/s vs the lowest concurrency",
+                                                          "*_s": "seconds"}, "ratios": ratios, "results": rows}))
 
 
 if __name__ == "__main__":

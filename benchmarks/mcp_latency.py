@@ -152,6 +152,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{mode} @ {c}: first error: {results[mode][c]['first_error'][:300]}")
     if args.json:
         print(json.dumps(results, indent=1))
+    ratios = {f"{mode}/direct calls/s @ {c}": results[mode][c]["calls_per_s"] / results["direct"][c]["calls_per_s"]
+              for c in levels for mode in names if mode != "direct" and "direct" in results}
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "mcp", "units": {"ratio": "calls/s through MCP / calls/s direct"},
+                      "ratios": {k: round(v, 3) for k, v in ratios.items()},
+                      "results": {m: {str(c): {k: v for k, v in r.items() if k != "first_error"}
+                                      for c, r in per.items()} for m, per in results.items()}}))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -179,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         if "http" in r:
             print(f"{r['corpus']}: HTTP micro-batched concurrent calls vs sequential single-query HTTP calls: "
                   f"{r['http_concurrent_qps'] * r['http']['mean'] / 1e3:.0f}x")
+    ratios: dict[str, float] = {}
+    for r in rows:
+        loc, npy = r["local"], r["numpy"]
+        ratios[f"{r['corpus']}: numpy/numba single-query latency"] = round(npy["mean"] / loc["mean"], 3)
+        ratios[f"{r['corpus']}: batched/one-at-a-time throughput"] = round(r["local_qps"] * loc["mean"] / 1e3, 3)
+        if "http" in r:
+            ratios[f"{r['corpus']}: HTTP concurrent/sequential throughput"] = round(
+                r["http_concurrent_qps"] * r["http"]["mean"] / 1e3, 3)
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "retrieval", "units": {"latency": "ms", "throughput": "queries/s"},
+                      "ratios": ratios, "results": rows}, default=float))
     return 0
 
 

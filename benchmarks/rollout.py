@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -440,6 +441,15 @@ def main() -> int:
         for k in ("lockstep", "continuous"):
             print(f"| B: {m} eps, {a.slots} slots, 10% of jobs 4 s / 90% 0.05 s | driver {k} | {b_res[k]:.1f} | "
                   f"{m / b_res[k]:.2f} | {b_res['lockstep'] / b_res[k]:.1f}x vs lock-step |")
+    ratios: dict[str, float] = {}
+    if a_res is not None:
+        for k in ("adapter_lockstep", "adapter_continuous"):
+            ratios[f"A: {k} vs TRL native (wall)"] = round(a_res["timed"]["trl_native"] / a_res["timed"][k], 3)
+    if b_res is not None:
+        ratios["B: continuous vs lock-step (wall)"] = round(b_res["lockstep"] / b_res["continuous"], 3)
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "rollout", "units": {"wall": "seconds", "ratio": "speed-up (wall ratio)"},
+                      "ratios": ratios, "invalid": invalid, "results": {"a": a_res, "b": b_res}}, default=str))
     if invalid is not None:
         print(f"\nINVALID: workload A: {invalid}")
         return 1

@@ -107,7 +107,13 @@ def main() -> None:
     print(f"fork server + pool vs fresh interpreter: {warm['exec_per_s'] / fresh['exec_per_s']:.2f}x exec/s, "
           f"{fresh['cpu_ms_per_exec'] / warm['cpu_ms_per_exec']:.2f}x less CPU per exec, "
           f"{fresh['p50_ms'] / warm['p50_ms']:.2f}x lower p50 latency")
-    print(json.dumps(runs))
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "sandbox",
+                      "units": {"exec_per_s": "executions per second", "*_ms": "milliseconds"},
+                      "ratios": {"pool/fresh exec/s": round(warm["exec_per_s"] / fresh["exec_per_s"], 3),
+                                 "fresh/pool CPU per exec": round(fresh["cpu_ms_per_exec"] / warm["cpu_ms_per_exec"], 3),
+                                 "fresh/pool p50 latency": round(fresh["p50_ms"] / warm["p50_ms"], 3)},
+                      "results": runs}))
 
 
 if __name__ == "__main__":

@@ -116,11 +116,12 @@ def main(argv: list[str] | None = None) -> None:
     names = [t.strip() for t in args.tools.split(",") if t.strip()]
     concs = [int(c) for c in args.concurrency.split(",")]
     res = runtime.run_sync(run(names, args.calls, concs))
-    print(f"{'tool@conc':<16} {'direct p50':>10} {'exec p50':>9} {'direct p99':>10} {'exec p99':>9} "
-          f"{'direct/s':>9} {'exec/s':>8} {'exec/direct p50':>16}")
+    print("latency per call in ms (p50 / p99), throughput in calls/s, ratio = executor p50 / direct p50")
+    print(f"{'tool@conc':<16} {'direct p50 ms':>13} {'exec p50 ms':>11} {'direct p99 ms':>13} {'exec p99 ms':>11} "
+          f"{'direct calls/s':>14} {'exec calls/s':>12} {'exec/direct p50':>16}")
     for key, r in res.items():
-        print(f"{key:<16} {r['direct_p50_ms']:>10.3f} {r['executor_p50_ms']:>9.3f} {r['direct_p99_ms']:>10.3f} "
-              f"{r['executor_p99_ms']:>9.3f} {r['direct_calls_s']:>9.0f} {r['executor_calls_s']:>8.0f} "
+        print(f"{key:<16} {r['direct_p50_ms']:>13.3f} {r['executor_p50_ms']:>11.3f} {r['direct_p99_ms']:>13.3f} "
+              f"{r['executor_p99_ms']:>11.3f} {r['direct_calls_s']:>14.0f} {r['executor_calls_s']:>12.0f} "
               f"{r['executor_p50_ms'] / max(r['direct_p50_ms'], 1e-9):>15.2f}x")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -134,8 +135,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nwrote {out / 'latencies.json'} and {png}")
     except ImportError as e:  # matplotlib is in the train extra
         print(f"\nwrote {out / 'latencies.json'} (no histogram: {e})")
-    print(f"median executor overhead ratio: "
-          f"{statistics.median(r['executor_p50_ms'] / max(r['direct_p50_ms'], 1e-9) for r in res.values()):.2f}x")
+    ratios = {k: r["executor_p50_ms"] / max(r["direct_p50_ms"], 1e-9) for k, r in res.items()}
+    median = statistics.median(ratios.values())
+    print(f"median executor overhead ratio: {median:.2f}x")
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "tools", "units": {"ratio": "executor p50 / direct p50 latency"},
+                      "ratios": {"median": round(median, 3), **{k: round(v, 3) for k, v in ratios.items()}},
+                      "results": res}))
 
 
 if __name__ == "__main__":

@@ -151,23 +151,32 @@ def main() -> None:
     sizes = args.sizes or ([1, 16] if args.quick else [1, 16, 64, 256])
     rows = []
     print(f"one step, every sub-env calls a {TOOL_S * 1e3:.0f} ms tool (median wall ms)")
-    print(f"{'N':>5} {'toolgym':>9} {'sequential':>11} {'gym async':>10} {'seq/toolgym':>12} {'async/toolgym':>14} {'toolgym/50ms':>13}")
+    print(f"{'N':>5} {'toolgym ms':>11} {'sequential ms':>14} {'gym async ms':>13} {'seq/toolgym':>12} "
+          f"{'async/toolgym':>14} {'toolgym/50ms':>13}")
     for n in sizes:
         reps = 9
         tg = bench_toolgym(n, reps)
         sq = bench_sequential(n, 1 if n > 16 else 3)
         ga = bench_gym_async(n, 3) if n <= args.async_max else float("nan")
         rows.append({"n": n, "toolgym_ms": tg * 1e3, "sequential_ms": sq * 1e3, "gym_async_ms": ga * 1e3})
-        print(f"{n:>5} {tg * 1e3:>9.1f} {sq * 1e3:>11.1f} {ga * 1e3:>10.1f} {sq / tg:>12.1f} {ga / tg:>14.2f} "
+        print(f"{n:>5} {tg * 1e3:>11.1f} {sq * 1e3:>14.1f} {ga * 1e3:>13.1f} {sq / tg:>12.1f} {ga / tg:>14.2f} "
               f"{tg / TOOL_S:>13.2f}")
     env_s, enc_s, rust_s = bench_overhead()
     print(f"\nenv overhead per turn: {env_s * 1e6:.0f} us; tokenizer.encode of the same observation: "
           f"{enc_s * 1e6:.0f} us (ratio {env_s / enc_s:.2f}x); the Rust tokenizer's own encode of it: "
           f"{rust_s * 1e6:.0f} us (ratio {env_s / rust_s:.2f}x)")
+    results = {"rows": rows, "env_turn_us": env_s * 1e6, "encode_us": enc_s * 1e6, "rust_encode_us": rust_s * 1e6}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "env_turn_us": env_s * 1e6, "encode_us": enc_s * 1e6,
-                       "rust_encode_us": rust_s * 1e6}, f, indent=2)
+            json.dump(results, f, indent=2)
+    ratios = {f"sequential/toolgym N={r['n']}": r["sequential_ms"] / r["toolgym_ms"] for r in rows}
+    ratios |= {f"gym_async/toolgym N={r['n']}": r["gym_async_ms"] / r["toolgym_ms"] for r in rows
+               if r["gym_async_ms"] == r["gym_async_ms"]}
+    ratios["env_turn/encode"] = env_s / enc_s
+    # the summary line `toolgym bench` reads (last stdout line, one JSON object)
+    print(json.dumps({"toolgym_bench": "vector", "units": {"*_ms": "median wall ms per vector step",
+                                                           "*_us": "microseconds per turn"},
+                      "ratios": {k: round(v, 3) for k, v in ratios.items()}, "results": results}))
 
 
 if __name__ == "__main__":

@@ -51,12 +51,13 @@ def test_exit_codes_are_stable() -> None:
 def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(ENVS)
-    for line, (env_id, (_, desc)) in zip(out, ENVS.items(), strict=True):
+    builtin = out[: len(ENVS)]  # toolgym's envs first; user envs registered by other tests may follow, marked
+    assert all(line.endswith("[user]") for line in out[len(ENVS):])
+    for line, (env_id, (_, desc)) in zip(builtin, ENVS.items(), strict=True):
         assert line.startswith(env_id) and line.endswith(desc)
     assert main(["list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["id"] for r in rows] == list(ENVS)
+    assert [r["id"] for r in rows if r["builtin"]] == list(ENVS)
 
 
 def test_entry_point_subprocess() -> None:
@@ -82,10 +83,11 @@ def test_rollout_tiny_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     rc = main(["rollout", "calculator", "--policy", "tiny", "--episodes", "2", "--num-envs", "2",
                "--max-new-tokens", "6", "--seed", "7", "--out", str(out), "--json", "--no-progress"])
     assert rc == 0
-    text = capsys.readouterr().out
+    cap = capsys.readouterr()
     for label in ("mean reward", "success", "mean turns", "tool calls/episode", "errors"):
-        assert label in text
-    summary = json.loads(text.strip().splitlines()[-1])
+        assert label in cap.err  # with --json the table goes to stderr ...
+    assert len(cap.out.strip().splitlines()) == 1  # ... and stdout is the JSON object alone
+    summary = json.loads(cap.out)
     assert summary["env"] == "toolgym/Calculator-v0" and summary["summary"]["episodes"] == 2
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2
@@ -115,6 +117,11 @@ def test_rollout_env_kwargs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                  "--env-kwarg", "no_such_option=1", "--out", str(out), "--no-progress"]) == ExitCode.USAGE
     assert "no_such_option" in capsys.readouterr().err
     assert main(["rollout", "Calculator-v0", "--env-kwarg", "=1", "--out", str(out)]) == ExitCode.USAGE
+    capsys.readouterr()
+    assert main(["rollout", "Calculator-v0", "--policy", "tiny", "--episodes", "1", "--env-kwarg", "split=bogus",
+                 "--out", str(out), "--no-progress"]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip()
+    assert err == "toolgym: error: bad env arguments for toolgym/Calculator-v0: split must be 'train' or 'test'"
     assert main(["rollout", "Calculator-v0", "--episodes", "0", "--out", str(out)]) == ExitCode.USAGE
 
 
@@ -262,6 +269,27 @@ def test_bench_real_vector_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "vector", "--sizes", "1", "4", "--async-max", "0"]) == 0
     out = capsys.readouterr().out
     assert "== vector: ratios ==" in out and "seq/toolgym" in out
+    ratios = out.split("== vector: ratios ==")[1]
+    assert "sequential/toolgym N=4" in ratios and "x\n" in ratios  # read from the script's JSON summary line
+    assert "toolgym ms" in out  # the table has units
+
+
+def test_bench_reads_the_json_summary_line_and_help_has_no_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    (bench / "tool_latency.py").write_text(
+        "import json, sys\n"
+        "if '--help' in sys.argv: print('usage: compare ratio vs direct  calls  x vs y'); sys.exit(0)\n"
+        "print('a ratio of 9.9x scraped from text must not be used')\n"
+        "print(json.dumps({'toolgym_bench': 'tools', 'ratios': {'calc@1': 1.25}, 'units': {'ratio': 'p50/p50'}}))\n"
+    )
+    monkeypatch.setenv("TOOLGYM_BENCHMARKS", str(bench))
+    assert main(["bench", "tools", "--help"]) == 0
+    assert "ratios ==" not in capsys.readouterr().out
+    assert main(["bench", "tools"]) == 0
+    section = capsys.readouterr().out.split("== tools: ratios ==")[1]
+    assert "calc@1  1.25x" in section and "(ratio: p50/p50)" in section and "9.9x" not in section
 
 
 def test_serve_dispatch(capsys: pytest.CaptureFixture[str]) -> None:
@@ -279,3 +307,74 @@ def test_parser_help_mentions_exit_codes(capsys: pytest.CaptureFixture[str]) -> 
     for cmd in ("list", "rollout", "view", "plot", "bench", "serve"):
         assert cmd in text
     assert build_parser().parse_args(["rollout", "calculator"]).policy == "embedded"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# exit codes of env construction (docs/cli.md "Exit codes") and MCP start-up messages
+# ---------------------------------------------------------------------------------------------------------------
+
+_DIE = ("import sys; sys.stderr.write('starting\\n'); sys.stderr.write('boom: MY_API_KEY is not set\\n'); "
+        "sys.exit(3)")
+
+
+def _mcp_files(tmp_path: Path) -> dict[str, Path]:
+    f = {name: tmp_path / name for name in ("die.json", "die_null.json", "url.json", "bad.json", "shape.json",
+                                            "tasks.jsonl", "bad_tasks.jsonl")}
+    die = {"command": sys.executable, "args": ["-c", _DIE]}
+    f["die.json"].write_text(json.dumps({"mcpServers": {"dead": die}}))
+    f["die_null.json"].write_text(json.dumps({"mcpServers": {"dead": {**die, "stderr": "devnull"}}}))
+    f["url.json"].write_text(json.dumps({"mcpServers": {"far": {"url": f"http://127.0.0.1:{free_port()}/mcp"}}}))
+    f["bad.json"].write_text('{"mcpServers": ')
+    f["shape.json"].write_text(json.dumps({"mcpServers": {"x": {"command": "a", "url": "http://b"}}}))
+    f["tasks.jsonl"].write_text(json.dumps({"prompt": "hi", "answer": "x"}) + "\n")
+    f["bad_tasks.jsonl"].write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"oops": 1}) + "\n")
+    return f
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("config", "tasks", "code", "needles"),
+    [
+        ("die.json", "tasks.jsonl", ExitCode.UNREACHABLE,
+         ["cannot connect to MCP server 'dead': connection closed", "boom: MY_API_KEY is not set"]),
+        ("die_null.json", "tasks.jsonl", ExitCode.UNREACHABLE, ["connection closed", "boom: MY_API_KEY is not set"]),
+        ("url.json", "tasks.jsonl", ExitCode.UNREACHABLE, ["'far': all connection attempts failed (url http://"]),
+        ("missing.json", "tasks.jsonl", ExitCode.INPUT, ["MCP config not found"]),
+        ("bad.json", "tasks.jsonl", ExitCode.INPUT, ["cannot parse MCP config", "bad.json"]),
+        ("shape.json", "tasks.jsonl", ExitCode.INPUT, ["shape.json", "exactly one of 'command'"]),
+        ("die.json", "missing.jsonl", ExitCode.INPUT, ["task file not found"]),
+        ("die.json", "bad_tasks.jsonl", ExitCode.INPUT, ["bad_tasks.jsonl:2", "needs 'prompt' or 'messages'"]),
+    ],
+)
+def test_mcp_env_errors_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str], config: str,
+                                                tasks: str, code: int, needles: list[str]) -> None:
+    _mcp_files(tmp_path)
+    rc = main(["eval", "MCP-v0", "--policy", "oracle", "--no-progress",
+               "--env-kwarg", f"mcp_config={tmp_path / config}", "--env-kwarg", f"tasks={tmp_path / tasks}"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == code, err
+    assert err.startswith("toolgym: error: ")
+    for needle in needles:
+        assert needle in err
+    for raw in ("ExceptionGroup", "TaskGroup", "ValueError:", "FileNotFoundError:", "ConnectionError:", "ToolError:"):
+        assert raw not in err
+
+
+@pytest.mark.parametrize(("kwarg", "needle"), [("max_turns=abc", "max_turns must be a positive integer, got 'abc'"),
+                                               ("max_turns=0", "max_turns must be a positive integer, got 0"),
+                                               ("max_obs_tokens=-5", "max_obs_tokens must be a positive integer"),
+                                               ("split=bogus", "split must be")])
+def test_bad_env_kwarg_values_are_usage_errors(capsys: pytest.CaptureFixture[str], kwarg: str, needle: str) -> None:
+    assert main(["eval", "calculator", "--policy", "oracle", "--tasks", "1", "--env-kwarg", kwarg]) == ExitCode.USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "ValueError" not in err[0]
+
+
+def test_mcp_example_check_setup_says_when_uvx_is_missing(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo), "PATH": str(tmp_path)}  # no uvx on this PATH
+    r = subprocess.run([sys.executable, str(repo / "examples" / "mcp" / "check_setup.py")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line, no traceback
+    assert "server command not found (calculator: 'uvx')" in r.stderr and "pip install uv" in r.stderr

@@ -124,10 +124,19 @@ def _commands(block: Block) -> list[tuple[int, str]]:
     return out
 
 
+SHELL_OPERATORS = {">", ">>", "2>", "2>&1", "|", "&&", "||", ";"}
+
+
+def _before_shell_operator(argv: list[str]) -> list[str]:
+    """The command's own arguments: ``toolgym eval ... --json > runs/eval.json`` -> up to ``--json``."""
+    cut = next((i for i, a in enumerate(argv) if a in SHELL_OPERATORS), len(argv))
+    return argv[:cut]
+
+
 def _runnable(cmd: str, produced: set[str]) -> bool:
     """Cheap ``toolgym`` invocations that run in the docs test (see the module docstring)."""
     argv = shlex.split(cmd)
-    if not argv or argv[0] != "toolgym" or len(argv) < 2:
+    if not argv or argv[0] != "toolgym" or len(argv) < 2 or _before_shell_operator(argv) != argv:
         return False
     sub = argv[1]
     if "--help" in argv or "-h" in argv or sub in ("list", "--version"):
@@ -206,7 +215,7 @@ def test_toolgym_commands_in_docs_parse() -> None:
     parser = build_parser()
     checked = 0
     for where, cmd in _all_commands():
-        argv = shlex.split(cmd)
+        argv = _before_shell_operator(shlex.split(cmd))
         if not argv or argv[0] != "toolgym":
             continue
         checked += 1
@@ -217,6 +226,10 @@ def test_toolgym_commands_in_docs_parse() -> None:
             continue
         try:
             parser.parse_args(argv[1:])
+            if argv[1] == "registry":  # it owns its arguments (trainers/registry.py)
+                from trainers.registry import build_parser as registry_parser
+
+                registry_parser().parse_args(argv[2:])
         except SystemExit as e:
             pytest.fail(f"{where}: `{cmd}` does not parse (exit {e.code})")
     assert checked >= 10

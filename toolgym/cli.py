@@ -2,7 +2,9 @@
 
 Subcommands::
 
-    toolgym list [--json]                                    registered envs, one line each
+    toolgym list [--json] [--import MODULE ...]              registered envs (toolgym's and users'), one line each
+    toolgym eval ENV --policy oracle|embedded|tiny|URL|PATH [--split S] [--tasks all|N|FILE.jsonl] [--seed S]
+                 [-k K] [--temperature T] [--max-new-tokens M] [--num-envs N] [--out FILE.jsonl] [--json]
     toolgym rollout ENV --policy embedded|tiny|URL|PATH --episodes N --out traj.jsonl
                     [--seed S] [--num-envs K] [--max-new-tokens T] [--temperature X]
                     [--schedule lockstep|continuous] [--env-kwarg KEY=VALUE ...] [--tokenizer T]
@@ -12,6 +14,8 @@ Subcommands::
     toolgym plot latency traj.jsonl|latencies.json ... --out latency.png
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
+    toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
+    toolgym train grpo|rft|sft --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -20,7 +24,7 @@ Exit codes (:class:`ExitCode`), stable for scripts:
 * ``2`` usage error: bad arguments, unknown env / benchmark / server, a bad ``--env-kwarg`` (argparse's own
   code for usage errors);
 * ``3`` a file cannot be read or written: missing, unreadable or malformed input (not trajectory JSONL), a
-  missing benchmark script or model path, an unwritable output;
+  missing benchmark script or model path, an unwritable output; ``toolgym train`` without the ``[train]`` extra;
 * ``4`` a service is unreachable (``--policy URL`` refuses connections, times out or does not resolve);
 * ``130`` interrupted (Ctrl-C).
 
@@ -43,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main"]
+__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main", "summary_line"]
 
 
 class ExitCode(enum.IntEnum):
@@ -94,15 +98,46 @@ def _err(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def user_envs() -> dict[str, tuple[str, str]]:
+    """Envs registered with Gymnasium outside toolgym whose entry point is a :class:`ToolEnv` subclass (modules
+    already imported only: nothing is imported to find them): ``id -> (entry point, first docstring line)``."""
+    import gymnasium as gym
+
+    from toolgym.envs.base import ToolEnv
     from toolgym.envs.registration import ENVS
 
+    out: dict[str, tuple[str, str]] = {}
+    for env_id, spec in gym.registry.items():
+        if env_id in ENVS:
+            continue
+        ep = spec.entry_point
+        if isinstance(ep, str):
+            mod, _, attr = ep.partition(":")
+            ep = getattr(sys.modules.get(mod), attr, None) if mod in sys.modules else None
+        if isinstance(ep, type) and issubclass(ep, ToolEnv):
+            doc = (ep.__doc__ or "").strip().splitlines()
+            out[env_id] = (f"{ep.__module__}:{ep.__qualname__}", doc[0] if doc else "")
+    return out
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import importlib
+
+    from toolgym.envs.registration import ENVS
+
+    for mod in args.imports or []:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise CLIError(f"--import {mod}: {e}", ExitCode.USAGE) from None
+    envs = {**ENVS, **user_envs()}
     if args.json:
-        print(json.dumps([{"id": k, "entry_point": ep, "description": d} for k, (ep, d) in ENVS.items()], indent=1))
+        print(json.dumps([{"id": k, "entry_point": ep, "description": d, "builtin": k in ENVS}
+                          for k, (ep, d) in envs.items()], indent=1))
         return ExitCode.OK
-    width = max(len(k) for k in ENVS)
-    for k, (_, d) in ENVS.items():
-        print(f"{k:<{width}}  {d}")
+    width = max(len(k) for k in envs)
+    for k, (_, d) in envs.items():
+        print(f"{k:<{width}}  {d}{'' if k in ENVS else '  [user]'}")
     return ExitCode.OK
 
 
@@ -112,21 +147,61 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def resolve_env_id(name: str) -> str:
-    """A registered toolgym env id from ``name`` (``toolgym/Calculator-v0``, ``Calculator-v0``, ``calculator``).
+    """A registered env id from ``name``: a toolgym id in any spelling (``toolgym/Calculator-v0``,
+    ``Calculator-v0``, ``calculator``), any id in Gymnasium's registry, or ``module:Env-v0`` (imports ``module``,
+    which registers the env, as ``gym.make`` does; returned unchanged).
 
     Raises:
-        CLIError (usage): unknown env (the message lists the registered ones).
+        CLIError (usage): unknown env or module (the message lists the registered ones).
     """
+    import gymnasium as gym
+
     from toolgym.envs.registration import ENVS
 
     if name in ENVS:
+        return name
+    if ":" in name:
+        import importlib
+
+        mod, _, env_id = name.partition(":")
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise CLIError(f"env {name!r}: cannot import module {mod!r} ({e})", ExitCode.USAGE) from None
+        if env_id not in gym.registry:
+            raise CLIError(f"env {name!r}: module {mod!r} registers no env {env_id!r}", ExitCode.USAGE)
+        return name
+    if name in gym.registry:
         return name
     low = name.lower()
     for k in ENVS:
         short = k.split("/", 1)[-1]
         if low in (k.lower(), short.lower(), short.rsplit("-v", 1)[0].lower()):
             return k
-    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`)", ExitCode.USAGE)
+    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`; a user env: "
+                   "module:Env-v0)", ExitCode.USAGE)
+
+
+def env_construction_error(env_id: str, exc: BaseException) -> CLIError:
+    """A one-line :class:`CLIError` for an env that could not be built: a missing/unreadable/malformed file
+    (config, tasks) -> input (3); an unreachable service -> unreachable (4); a bad argument value or name ->
+    usage (2); anything else -> failure (1). No raw exception-class prefixes."""
+    import gymnasium as gym
+
+    msg = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError | UnicodeDecodeError | json.JSONDecodeError):
+        where = getattr(exc, "filename", None)
+        detail = getattr(exc, "strerror", None) or msg
+        return CLIError(f"{env_id}: cannot read {where}: {detail}" if where else f"{env_id}: {detail}", ExitCode.INPUT)
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return CLIError(f"{env_id}: cannot reach a service: {msg}", ExitCode.UNREACHABLE)
+    from toolgym.errors import InputFileError
+
+    if isinstance(exc, InputFileError):
+        return CLIError(f"{env_id}: {msg}", ExitCode.INPUT)
+    if isinstance(exc, TypeError | ValueError | ImportError | gym.error.Error):
+        return CLIError(f"bad env arguments for {env_id}: {msg}", ExitCode.USAGE)
+    return CLIError(f"{env_id}: {msg}", ExitCode.FAILURE)
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -159,12 +234,46 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
         raise CLIError(f"cannot reach the policy server at {url}: {reason}", ExitCode.UNREACHABLE) from None
 
 
+def _trainers_module(name: str) -> Any:
+    """Import ``trainers.<x>`` lazily (registry, tracking): the core never imports it at module level."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise CLIError(f"{name} is not available ({e}); install toolgym[train,registry] from a checkout",
+                       ExitCode.USAGE) from None
+
+
+def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any], *, params: dict[str, Any],
+                   artifacts: Sequence[str | Path] = (), documents: dict[str, Any] | None = None) -> None:
+    """Send a rollout/eval summary to the ``--report-to`` backends (mlflow, tensorboard, wandb, trackio)."""
+    backends = getattr(args, "report_to_checked", None)
+    if not backends:
+        return
+    tracking = _trainers_module("trainers.tracking")
+    policy = str(params.get("policy", ""))
+    name = f"{kind} {params.get('env_id', '')} {policy if ':/' in policy else Path(policy).name}".strip()
+    where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
+                                    artifacts=artifacts, documents=documents)
+    for backend, loc in where.items():
+        print(f"reported to {backend}: {loc}", file=sys.stderr)
+
+
+def check_report_to(args: argparse.Namespace) -> None:
+    """Validate ``--report-to`` before any work (exit 2 unknown/not installed, 4 MLflow server unreachable)."""
+    if getattr(args, "report_to", None):
+        args.report_to_checked = _trainers_module("trainers.tracking").check_report_backends(args.report_to)
+
+
 def _make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use."""
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
     from toolgym.rollout import OpenAIPolicy, TransformersPolicy
 
     spec: str = args.policy
+    if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
+        spec = str(_trainers_module("trainers.registry").resolve_model_uri(spec))
     if spec.startswith(("http://", "https://")):
         check_reachable(spec)
         tok = load_tokenizer(None if args.tokenizer in (None, "embedded") else args.tokenizer)
@@ -221,44 +330,48 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
+    check_report_to(args)
+    from toolgym.eval import JSONLStream, check_writable, make_eval_vector_env
+
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.open("w").close()
+        check_writable(out)  # the file itself is replaced only once the first episode has finished
     except OSError as e:
         raise CLIError(f"cannot write {out}: {e.strerror or e}", ExitCode.INPUT) from None
 
-    import gymnasium as gym
-    from gymnasium.vector import AutoresetMode
-
-    import toolgym  # noqa: F401  (registers the envs)
-    from toolgym.rollout import RolloutDriver, summarize, write_trajectories
+    from toolgym.rollout import RolloutDriver, summarize
 
     policy, tok = _make_policy(args)
     env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
-        venv = gym.make_vec(env_id, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **env_kwargs)
-    except TypeError as e:
-        raise CLIError(f"bad --env-kwarg for {env_id}: {e}", ExitCode.USAGE) from None
+        venv = make_eval_vector_env(env_id, num_envs, env_kwargs)
+    except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
+        raise env_construction_error(env_id, e) from None
     try:
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
-        try:
-            trajs = driver.run([None] * args.episodes, seeds=args.seed, progress=not args.no_progress)
-        except Exception as e:
-            import aiohttp
+        with JSONLStream(out) as stream:  # episodes are streamed as they finish: an interrupted run keeps them
+            try:
+                trajs = driver.run([None] * args.episodes, seeds=args.seed, progress=not args.no_progress,
+                                   on_episode=lambda _k, t: stream.write(t.to_dict()))
+            except Exception as e:
+                import aiohttp
 
-            if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
-                raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
-            raise
-        write_trajectories(out, trajs)
+                if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
+                    raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
+                raise
         summary = summarize(trajs)
         stats = driver.stats.to_dict()
     finally:
         venv.close()
-    print(f"{env_id}: {len(trajs)} episodes -> {out}")
-    print(format_summary(summary, stats))
+    # with --json, stdout carries the JSON object alone; the human summary goes to stderr
+    human = sys.stderr if args.json else sys.stdout
+    print(f"{env_id}: {len(trajs)} episodes -> {out}", file=human)
+    print(format_summary(summary, stats), file=human)
     if args.json:
         print(json.dumps({"env": env_id, "out": str(out), "summary": summary, "stats": stats}))
+    report_summary(args, "rollout", {**summary, **stats}, artifacts=[out],
+                   params={"env_id": env_id, "policy": args.policy, "episodes": args.episodes, "seed": args.seed,
+                           "temperature": args.temperature, **{k: v for k, v in env_kwargs.items() if k != "tokenizer"}})
     return ExitCode.OK
 
 
@@ -424,13 +537,41 @@ def run_benchmark(name: str, extra: Sequence[str]) -> int:
     if rc != 0:
         _err(f"benchmark {name} ({script.name}) exited with status {rc} after {wall:.0f} s")
         return ExitCode.FAILURE
-    ratios = ratio_lines(lines)
-    if ratios:
-        print(f"\n== {name}: ratios ==")
-        for r in ratios:
-            print(r)
+    if any(a in ("-h", "--help") for a in extra):
+        return ExitCode.OK  # the script printed its help; there are no results to summarise
+    summary = summary_line(lines)
+    if summary is not None:
+        ratios = summary.get("ratios") or {}
+        if ratios:
+            print(f"\n== {name}: ratios ==")
+            width = max(len(str(k)) for k in ratios)
+            for k, v in ratios.items():
+                print(f"{k:<{width}}  {v:.2f}x" if isinstance(v, int | float) else f"{k:<{width}}  {v}")
+            for k, v in (summary.get("units") or {}).items():
+                print(f"  ({k}: {v})")
+    else:  # a script without a summary line: repeat the lines that state ratios
+        ratios_text = ratio_lines(lines)
+        if ratios_text:
+            print(f"\n== {name}: ratios ==")
+            for r in ratios_text:
+                print(r)
     print(f"\n{name}: done in {wall:.0f} s ({script.name})")
     return ExitCode.OK
+
+
+def summary_line(lines: Sequence[str]) -> dict[str, Any] | None:
+    """The benchmark's JSON summary: the last stdout line that is a JSON object with a ``toolgym_bench`` key
+    (``{"toolgym_bench": NAME, "ratios": {label: x}, "units": {...}, "results": {...}}``), or ``None``."""
+    for line in reversed(lines):
+        s = line.strip()
+        if s.startswith("{") and '"toolgym_bench"' in s:
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None
 
 
 def run_server(name: str, extra: Sequence[str]) -> int:
@@ -466,31 +607,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"toolgym {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    s = sub.add_parser("list", help="registered envs with one-line descriptions")
+    s = sub.add_parser("list", help="registered envs (toolgym's and users') with one-line descriptions")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                   help="import MODULE first (it registers user envs); repeatable")
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("rollout", help="run episodes with a policy, write trajectories, print a summary",
-                       epilog=_EPILOG)
+                       epilog=_EPILOG, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("env", help="env id (toolgym/Calculator-v0, Calculator-v0 or calculator)")
     s.add_argument("--policy", default="embedded",
                    help="'embedded' (SmolLM2-135M), 'tiny' (tiny random model), an http(s):// URL of an "
                         "OpenAI-compatible server (vLLM, `toolgym serve model`), or a model path")
     s.add_argument("--episodes", type=int, default=8)
-    s.add_argument("--out", default="trajectories.jsonl", help="trajectory JSONL to write (overwritten)")
+    s.add_argument("--out", default="trajectories.jsonl", help="trajectory JSONL, streamed as episodes finish "
+                   "(an existing file is replaced once the first episode is done)")
     s.add_argument("--seed", type=int, default=0, help="episode k draws its task with seed + k")
-    s.add_argument("--num-envs", type=int, default=None, help="parallel episodes (default: min(episodes, 8))")
+    s.add_argument("--num-envs", type=int, default=None, help="parallel episodes (None: min(episodes, 8))")
     s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
-    s.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep")
+    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy")
+    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
     s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
     s.add_argument("--tokenizer", default=None, help="with a URL policy: the server model's tokenizer "
                    "(name or path; default: the embedded one)")
     s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
-    s.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
+    s.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON object alone on stdout (the table goes to stderr)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
+                   help="also log the summary to mlflow, tensorboard, wandb or trackio (repeatable or comma-separated)")
     s.set_defaults(func=cmd_rollout)
+
+    from toolgym.cli_eval import add_parser as add_eval_parser
+
+    add_eval_parser(sub, _EPILOG)
 
     s = sub.add_parser("view", help="write a self-contained HTML report of a trajectory file", epilog=_EPILOG)
     s.add_argument("trajectories", help="trajectory JSONL (one Trajectory.to_dict() per line)")
@@ -524,16 +675,42 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("name", choices=list(SERVERS))
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the server")
+
+    s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
+                       "(`toolgym registry --help`)", add_help=False)
+    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
+    s = sub.add_parser("train", help="train with TRL: grpo, rft or sft (`toolgym train grpo --help`)",
+                       description="toolgym train {grpo,rft,sft} --config FILE.yaml [--FIELD VALUE ...]: see "
+                                   "docs/training.md (needs the [train] extra)")
+    s.add_argument("algorithm", choices=["grpo", "rft", "sft"])
+    s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
 
 
+def run_train(argv: list[str]) -> int:
+    """``toolgym train ...``: hand ``argv`` to ``trainers.cli.main``, imported here so the core never imports
+    ``trainers`` at module level; a missing ``[train]`` extra is a one-line error (exit 3)."""
+    import importlib
+
+    try:
+        trainers_cli = importlib.import_module("trainers.cli")
+    except ModuleNotFoundError as e:
+        raise CLIError(f"`toolgym train` needs the [train] extra (missing module {e.name!r}): "
+                       "pip install 'toolgym[train]'", ExitCode.INPUT) from None
+    return int(trainers_cli.main(argv))
+
+
 def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["registry"]:  # trainers/registry.py owns its arguments
+        return int(_trainers_module("trainers.registry").main(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).
     if len(argv) >= 2 and argv[0] in ("bench", "serve") and not argv[1].startswith("-"):
         table = BENCHMARKS if argv[0] == "bench" else SERVERS
         if argv[1] not in table:
             build_parser().parse_args(argv[:2])  # argparse's usage error (exit 2) listing the choices
         return run_benchmark(argv[1], argv[2:]) if argv[0] == "bench" else run_server(argv[1], argv[2:])
+    if argv and argv[0] == "train":  # everything after `train` belongs to trainers.cli (its --help included)
+        return run_train(argv[1:])
     args = build_parser().parse_args(argv)
     return int(args.func(args))
 
@@ -562,5 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m toolgym.cli`: run the importable module, so that its CLIError class is
+    from toolgym.cli import main as _main  # the one that trainers/ (registry, tracking) raise
+
+    sys.exit(_main())

@@ -107,6 +107,7 @@ def build_trainer(
 
     from toolgym.models import load_model
     from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
+    from trainers.tracking import mlflow_callbacks
 
     if model is None:
         model, tokenizer = load_model(tg.model, dtype=getattr(torch, tg.dtype))
@@ -120,7 +121,8 @@ def build_trainer(
     )
     trainer = GRPOTrainer(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
-        train_dataset=make_dataset(tasks), rollout_func=rollout, callbacks=list(callbacks),
+        train_dataset=make_dataset(tasks), rollout_func=rollout,
+        callbacks=[*callbacks, *mlflow_callbacks(tg, args)],  # report_to mlflow: toolgym config, tags, lineage
     )
     return trainer, rollout
 

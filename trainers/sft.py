@@ -25,6 +25,7 @@ __all__ = [
     "ORACLES",
     "calculator_oracle",
     "collect",
+    "env_oracle",
     "oracle_policy",
     "sft_dataset",
     "train_sft",
@@ -36,35 +37,35 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def env_oracle(state: EpisodeState) -> str:
+    """The episode env's own oracle: ``state.env.oracle(state)`` (every built-in env defines one; see
+    :meth:`toolgym.envs.base.ToolEnv.oracle`)."""
+    return state.env.oracle(state)
+
+
 def calculator_oracle(state: EpisodeState) -> str:
-    """Calculator-v0 oracle: call ``calculator`` with the task's expression, then answer with its result."""
-    env = state.env
-    if state.turn == 0:
-        return env.format.parser.format_calls([("calculator", {"expression": state.task["expression"]})])
-    traj = state.trajectory
-    results = traj.turns[-1].results if traj is not None and traj.turns else []
-    value = results[0].content.strip() if results and results[0].error_kind is None else str(state.task["answer"])
-    return f"<answer>{value}</answer>"
+    """Calculator-v0 oracle (kept for compatibility): :meth:`toolgym.envs.calculator.CalculatorEnv.oracle`."""
+    from toolgym.envs.calculator import CalculatorEnv
+
+    return CalculatorEnv.oracle(state.env, state)
 
 
-#: env id -> oracle script (``fn(EpisodeState) -> str``). Envs may instead define ``oracle(state)`` themselves.
-ORACLES: dict[str, Callable[[EpisodeState], str]] = {"toolgym/Calculator-v0": calculator_oracle}
+#: env id -> oracle script (``fn(EpisodeState) -> str``); the built-in envs delegate to their ``env.oracle``.
+#: Add an entry only to override an env's own oracle; any other env id falls back to ``env.oracle``.
+ORACLES: dict[str, Callable[[EpisodeState], str]] = {
+    "toolgym/Calculator-v0": calculator_oracle,
+    "toolgym/Search-v0": env_oracle,
+    "toolgym/SQL-v0": env_oracle,
+    "toolgym/Python-v0": env_oracle,
+    "toolgym/MCP-v0": env_oracle,
+}
 
 
 def oracle_policy(env_id: str | None = None) -> ScriptedPolicy:
     """A :class:`~toolgym.rollout.ScriptedPolicy` running the oracle of ``env_id`` (from :data:`ORACLES`), or the
-    env's own ``oracle(state)`` method when ``env_id`` is ``None`` or not listed."""
-    script = ORACLES.get(env_id or "")
-    if script is not None:
-        return ScriptedPolicy(script)
-
-    def from_env(state: EpisodeState) -> str:
-        fn = getattr(state.env, "oracle", None)
-        if fn is None:
-            raise ValueError(f"no oracle for env {env_id!r}: add one to trainers.sft.ORACLES or define env.oracle()")
-        return fn(state)
-
-    return ScriptedPolicy(from_env)
+    env's own ``oracle(state)`` method when ``env_id`` is ``None`` or not listed. An env without an oracle raises
+    ``NotImplementedError`` (naming the env) on the first turn."""
+    return ScriptedPolicy(ORACLES.get(env_id or "", env_oracle))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ import numpy as np
 
 __all__ = ["TEMPLATES", "generate_problem"]
 
-Template = Callable[[np.random.Generator], tuple[str, int]]
+Template = Callable[[np.random.Generator], tuple[str, int, str]]
+"""``fn(rng) -> (question, answer, solution)``: ``solution`` is a short Python program that prints ``answer``."""
 
 
 def _r(rng: np.random.Generator, lo: int, hi: int) -> int:
@@ -27,7 +28,9 @@ def _warehouse(rng: np.random.Generator) -> tuple[str, int]:
     a, b, c, d = _r(rng, 120, 980), _r(rng, 12, 96), _r(rng, 1000, 9000), _r(rng, 40, 400)
     return (f"A warehouse holds {a} boxes with {b} items in each box. On Monday it ships {c} items. On Tuesday it "
             f"receives {d} more boxes of {b} items each. How many items are in the warehouse now?",
-            a * b - c + d * b)
+            a * b - c + d * b,
+            f"boxes = {a}\nper_box = {b}\nshipped = {c}\nreceived_boxes = {d}\n"
+            "print(boxes * per_box - shipped + received_boxes * per_box)")
 
 
 def _tickets(rng: np.random.Generator) -> tuple[str, int]:
@@ -35,7 +38,9 @@ def _tickets(rng: np.random.Generator) -> tuple[str, int]:
     return (f"A concert sold {a} regular tickets at ${p} each and {b} VIP tickets at ${q} each. The ticketing "
             f"company keeps a fee of ${f} for every ticket sold. How many dollars does the organiser receive after "
             "fees?",
-            a * p + b * q - f * (a + b))
+            a * p + b * q - f * (a + b),
+            f"regular, regular_price = {a}, {p}\nvip, vip_price = {b}, {q}\nfee = {f}\n"
+            "print(regular * regular_price + vip * vip_price - fee * (regular + vip))")
 
 
 def _factory(rng: np.random.Generator) -> tuple[str, int]:
@@ -44,7 +49,8 @@ def _factory(rng: np.random.Generator) -> tuple[str, int]:
     total = a * h * d
     return (f"A factory makes {a} widgets per hour and runs {h} hours a day for {d} days. Quality control rejects "
             f"{p}% of the widgets. How many widgets pass quality control?",
-            total - total * p // 100)
+            total - total * p // 100,
+            f"total = {a} * {h} * {d}\nrejected = total * {p} // 100\nprint(total - rejected)")
 
 
 def _savings(rng: np.random.Generator) -> tuple[str, int]:
@@ -53,14 +59,15 @@ def _savings(rng: np.random.Generator) -> tuple[str, int]:
     c = a * w - k * each
     return (f"Maria saves ${a} every week for {w} weeks. She then spends ${c} on a used car and splits the rest "
             f"equally among {k} savings accounts. How many dollars go into each account?",
-            each)
+            each, f"saved = {a} * {w}\ncar = {c}\nprint((saved - car) // {k})")
 
 
 def _library(rng: np.random.Generator) -> tuple[str, int]:
     a, b, c, d, e = _r(rng, 4000, 25000), _r(rng, 15, 80), _r(rng, 24, 60), _r(rng, 300, 2500), _r(rng, 35, 90)
     return (f"A library owns {a} books. It buys {b} crates of {c} books each and donates {d} books to a school. "
             f"It then puts all its books on shelves that hold {e} books each. How many shelves are completely full?",
-            (a + b * c - d) // e)
+            (a + b * c - d) // e,
+            f"books = {a} + {b} * {c} - {d}\nprint(books // {e})")
 
 
 def _bacteria(rng: np.random.Generator) -> tuple[str, int]:
@@ -68,7 +75,8 @@ def _bacteria(rng: np.random.Generator) -> tuple[str, int]:
     k = _r(rng, 1000, a * 2 ** h // 3)
     return (f"A culture starts with {a} bacteria and doubles in size every hour. After {h} hours, {k} bacteria are "
             "removed for a test. How many bacteria are left?",
-            a * 2 ** h - k)
+            a * 2 ** h - k,
+            f"bacteria = {a} * 2 ** {h}\nprint(bacteria - {k})")
 
 
 def _salary(rng: np.random.Generator) -> tuple[str, int]:
@@ -76,14 +84,16 @@ def _salary(rng: np.random.Generator) -> tuple[str, int]:
     y = m + _r(rng, 6, 30)
     return (f"An engineer earns ${a} per month. After her first {m} months she gets a raise of ${b} per month. "
             f"How many dollars does she earn in total over her first {y} months?",
-            a * m + (a + b) * (y - m))
+            a * m + (a + b) * (y - m),
+            f"first = {a} * {m}\nafter_raise = ({a} + {b}) * ({y} - {m})\nprint(first + after_raise)")
 
 
 def _fleet(rng: np.random.Generator) -> tuple[str, int]:
     n, v, t1, u, t2 = _r(rng, 12, 85), _r(rng, 55, 95), _r(rng, 3, 11), _r(rng, 40, 70), _r(rng, 2, 9)
     return (f"A delivery company has {n} trucks. Each truck drives at {v} km/h for {t1} hours and then at {u} km/h "
             f"for {t2} hours. How many kilometres do all the trucks drive together?",
-            n * (v * t1 + u * t2))
+            n * (v * t1 + u * t2),
+            f"per_truck = {v} * {t1} + {u} * {t2}\nprint({n} * per_truck)")
 
 
 TEMPLATES: dict[str, Template] = {
@@ -98,19 +108,21 @@ def _split_of(question: str, test_fraction: float) -> str:
 
 
 def generate_problem(rng: np.random.Generator, split: str = "train", *, test_fraction: float = 0.1) -> dict[str, Any]:
-    """One problem ``{"id", "prompt", "question", "answer", "template", "split"}`` drawn from ``rng``.
+    """One problem ``{"id", "prompt", "question", "answer", "template", "split", "solution"}`` drawn from ``rng``.
 
-    ``answer`` is the exact integer answer as a string. Problems are redrawn until one falls in ``split``.
+    ``answer`` is the exact integer answer as a string; ``solution`` a Python program that prints it (what
+    :meth:`toolgym.envs.python.PythonEnv.oracle` runs; never shown to the model). Problems are redrawn until one falls in ``split``.
     """
     if split not in ("train", "test"):
         raise ValueError("split must be 'train' or 'test'")
     names = sorted(TEMPLATES)
     while True:
         name = names[int(rng.integers(len(names)))]
-        question, answer = TEMPLATES[name](rng)
+        question, answer, solution = TEMPLATES[name](rng)
         if answer < 0 or _split_of(question, test_fraction) != split:
             continue
         return {
             "id": "wp-" + hashlib.sha256(question.encode()).hexdigest()[:12],
             "prompt": question, "question": question, "answer": str(answer), "template": name, "split": split,
+            "solution": solution,
         }

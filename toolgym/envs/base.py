@@ -98,6 +98,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         eot_token: str | None = None,
         render_mode: str | None = None,
     ) -> None:
+        for name, value in (("max_turns", max_turns), ("max_episode_tokens", max_episode_tokens),
+                            ("max_obs_tokens", max_obs_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if tokenizer is None or isinstance(tokenizer, str):
             from toolgym.models import load_tokenizer
 
@@ -309,6 +313,32 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         if len(ids) <= self.max_obs_tokens:
             return text + TRUNCATED_MARK if cut else text
         return self.tokenizer.decode(ids[: self.max_obs_tokens], skip_special_tokens=False) + TRUNCATED_MARK
+
+    # -- oracle -----------------------------------------------------------------------------------
+    def oracle(self, state: Any) -> str:
+        """The text a policy that solves the task writes for turn ``state.turn`` (tool calls in this env's
+        format via ``self.format.parser.format_calls``, then the answer in the env's answer format).
+
+        ``state`` is a :class:`toolgym.rollout.EpisodeState`: ``state.task`` is the task row, ``state.turn`` the
+        0-based turn, ``state.trajectory`` the episode so far (read the tool results from its last turn).
+        Oracles serve smoke tests (``toolgym eval ENV --policy oracle``) and SFT data
+        (``trainers.sft.oracle_policy``). The built-in envs define one; a user env overrides this method.
+
+        Raises:
+            NotImplementedError: this env defines no oracle.
+        """
+        name = getattr(getattr(self, "spec", None), "id", None) or type(self).__name__
+        raise NotImplementedError(
+            f"no oracle for env {name!r} ({type(self).__name__}): define oracle(self, state) -> str on the env "
+            "(see docs/extending.md)"
+        )
+
+    @staticmethod
+    def last_results(state: Any) -> list[Any]:
+        """The :class:`~toolgym.tools.base.ToolResult` list of the episode's last turn (``[]`` before the first
+        turn or when it called no tool): what an oracle reads before its next turn."""
+        traj = state.trajectory
+        return list(traj.turns[-1].results) if traj is not None and traj.turns else []
 
     # -- helpers ----------------------------------------------------------------------------------
     def encode_action(self, text: str, end_turn: bool = True) -> np.ndarray:

@@ -110,3 +110,11 @@ class CalculatorEnv(ToolEnv):
             max_episode_tokens=max_episode_tokens,
             **kwargs,
         )
+
+    def oracle(self, state: Any) -> str:
+        """Call ``calculator`` with the task's expression, then answer with the number it returned (the call is
+        repeated while it fails and turns remain)."""
+        ok = [r for r in self.last_results(state) if r.ok]
+        if not ok and state.turn < self.max_turns - 1:
+            return self.format.parser.format_calls([("calculator", {"expression": state.task["expression"]})])
+        return f"<answer>{ok[0].content.strip() if ok else ''}</answer>"

@@ -8,6 +8,10 @@
 * ``tasks``: a JSONL file (or a list of dicts): one task per line with ``"prompt"`` (user text) or
   ``"messages"`` (a chat list), an optional ``"id"`` (default ``<file stem>-<line>``), and the fields the
   reward reads.
+* Oracle (optional, for ``toolgym eval --policy oracle`` and SFT data): a task row may carry ``"oracle_calls"``,
+  one entry per tool-calling turn, each a call ``{"name": ..., "arguments": {...}}`` or a list of them, and
+  ``"oracle_answer"``; :meth:`MCPEnv.oracle` makes those calls, then answers ``<answer>oracle_answer</answer>``,
+  or, without ``oracle_answer``, ``<answer>`` + the text of the last successful tool result.
 * ``reward``: a rule by name — ``"exact_match"``/``"em"``, ``"f1"``, ``"numeric"``/``"numeric_match"`` —
   scoring the final ``<answer>...</answer>`` against ``reward_field`` (or ``"rule@field"``; by default the
   first of ``golden_answers``/``answers``/``answer`` present in the first task); ``"module:function"`` or
@@ -27,6 +31,7 @@ from typing import Any
 
 from toolgym.data.jsonl import iter_jsonl
 from toolgym.envs.base import ToolEnv
+from toolgym.errors import InputFileError
 from toolgym.rewards.base import Reward, RewardLike
 from toolgym.tools.mcp import ConfigSource, MCPToolset
 
@@ -55,7 +60,8 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
     Raises:
         FileNotFoundError: no such file.
         ValueError: a line is not a JSON object, or a row has neither ``prompt`` nor ``messages`` (the message
-            gives the line / row number), or there are no tasks.
+            gives the line / row number), or there are no tasks (from a file:
+            :class:`~toolgym.errors.InputFileError`).
     """
     rows: list[dict[str, Any]] = []
     if isinstance(tasks, str | os.PathLike):
@@ -63,9 +69,11 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
         if not path.exists():
             raise FileNotFoundError(f"task file not found: {path}")
         stem = path.stem
-        for lineno, row in iter_jsonl(path):
+        for lineno, row in iter_jsonl(path, error=InputFileError):
             row.setdefault("id", f"{stem}-{lineno}")
-            rows.append(_check_row(row, f"{path}:{lineno}"))
+            rows.append(_check_row(row, f"{path}:{lineno}", InputFileError))
+        if not rows:
+            raise InputFileError(f"{path}: no tasks")
     else:
         for i, row in enumerate(tasks):
             if not isinstance(row, Mapping):
@@ -78,13 +86,13 @@ def load_tasks(tasks: str | os.PathLike[str] | Sequence[Mapping[str, Any]]) -> l
     return rows
 
 
-def _check_row(row: dict[str, Any], where: str) -> dict[str, Any]:
+def _check_row(row: dict[str, Any], where: str, error: type[ValueError] = ValueError) -> dict[str, Any]:
     if "prompt" not in row and "messages" not in row:
-        raise ValueError(f"{where}: a task needs 'prompt' or 'messages'")
+        raise error(f"{where}: a task needs 'prompt' or 'messages'")
     if "messages" in row and not (
         isinstance(row["messages"], list) and all(isinstance(m, dict) and "role" in m for m in row["messages"])
     ):
-        raise ValueError(f"{where}: 'messages' must be a list of {{'role', 'content'}} dicts")
+        raise error(f"{where}: 'messages' must be a list of {{'role', 'content'}} dicts")
     row["id"] = str(row["id"])
     return row
 
@@ -198,3 +206,28 @@ class MCPEnv(ToolEnv):
             if self.toolset is not None:
                 self.toolset.close()
             raise
+
+    def oracle(self, state: Any) -> str:
+        """Replay the task's ``oracle_calls`` (one turn each), then answer with ``oracle_answer`` or the last
+        successful tool result (see the module doc). A turn whose calls all failed is repeated while turns remain.
+
+        Raises:
+            NotImplementedError: the task row has neither ``oracle_calls`` nor ``oracle_answer``.
+        """
+        task = state.task
+        turns = task.get("oracle_calls")
+        if turns is None and "oracle_answer" not in task:
+            raise NotImplementedError(
+                f"no oracle for MCP-v0 task {task.get('id')!r}: give the task row 'oracle_calls' (one call or a list "
+                "of calls per turn, each {'name', 'arguments'}) and/or 'oracle_answer'"
+            )
+        turns = [] if turns is None else [t if isinstance(t, list) else [t] for t in turns]
+        traj = state.trajectory
+        done = [t for t in (traj.turns if traj is not None else []) if t.calls and any(r.ok for r in t.results)]
+        if len(done) < len(turns) and state.turn < self.max_turns - 1:  # a failed turn is not done: replayed
+            calls = [(str(c["name"]), dict(c.get("arguments") or {})) for c in turns[len(done)]]
+            return self.format.parser.format_calls(calls)
+        if "oracle_answer" in task:
+            return f"<answer>{task['oracle_answer']}</answer>"
+        ok = [r for t in done[-1:] for r in t.results if r.ok]
+        return f"<answer>{ok[-1].content.strip() if ok else ''}</answer>"

@@ -61,3 +61,14 @@ class PythonEnv(ToolEnv):
             max_episode_tokens=max_episode_tokens,
             **kwargs,
         )
+
+    def oracle(self, state: Any) -> str:
+        """Run the task's ``solution`` program with ``python``, then answer with the last line it printed (the run
+        is repeated while it fails and turns remain). Rows without ``solution`` have no oracle."""
+        code = state.task.get("solution")
+        if not isinstance(code, str):
+            raise NotImplementedError(f"Python-v0 task {state.task.get('id')!r} has no 'solution' program: no oracle")
+        ok = [r for r in self.last_results(state) if r.ok and r.content.strip()]
+        if not ok and state.turn < self.max_turns - 1:
+            return self.format.parser.format_calls([("python", {"code": code})])
+        return f"<answer>{ok[0].content.strip().splitlines()[-1].strip() if ok else ''}</answer>"

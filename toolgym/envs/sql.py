@@ -135,3 +135,12 @@ class SQLEnv(ToolEnv):
             max_episode_tokens=max_episode_tokens,
             **kwargs,
         )
+
+    def oracle(self, state: Any) -> str:
+        """Run the task's ``gold_sql`` with ``execute_sql``; once it ran without error, answer with that query (the
+        call is repeated while it fails and turns remain)."""
+        sql = str(state.task["gold_sql"])
+        ok = [r for r in self.last_results(state) if r.ok and r.call.name == "execute_sql"]
+        if not ok and state.turn < self.max_turns - 1:
+            return self.format.parser.format_calls([("execute_sql", {"query": sql})])
+        return f"<answer>{ok[0].call.arguments.get('query', sql) if ok else sql}</answer>"

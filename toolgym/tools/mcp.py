@@ -56,13 +56,16 @@ import contextlib
 import json
 import logging
 import os
+import sys
+import threading
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from toolgym.errors import InputFileError
 from toolgym.runtime import in_runtime, run_async, run_sync
 from toolgym.tools.base import Tool, ToolError, ToolErrorKind
 
@@ -209,9 +212,11 @@ def load_mcp_config(source: ConfigSource) -> dict[str, MCPServerConfig]:
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: malformed config (the message names the offending server / key).
+        ValueError: malformed config (the message names the offending server / key); from a file:
+            :class:`~toolgym.errors.InputFileError` naming the file.
     """
     data: Any = source
+    path: Path | None = None
     if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
         try:
             data = json.loads(source)
@@ -224,7 +229,16 @@ def load_mcp_config(source: ConfigSource) -> dict[str, MCPServerConfig]:
         try:
             data = _read_config_text(path)
         except (SyntaxError, ValueError) as e:
-            raise ValueError(f"cannot parse MCP config {path}: {e}") from e
+            raise InputFileError(f"cannot parse MCP config {path}: {e}") from e
+    try:
+        return _parse_config(data)
+    except ValueError as e:
+        if path is None:
+            raise
+        raise InputFileError(f"MCP config {path}: {e}") from e
+
+
+def _parse_config(data: Any) -> dict[str, MCPServerConfig]:
     blocks = data if isinstance(data, list | tuple) else [data]
     out: dict[str, MCPServerConfig] = {}
     for block in blocks:
@@ -304,6 +318,69 @@ def _is_connection_error(e: BaseException) -> bool:
     return isinstance(
         e, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream | OSError | httpx2.TransportError
     )
+
+
+def _leaf_errors(e: BaseException) -> list[BaseException]:
+    """The leaf exceptions of (nested) exception groups, in order; ``[e]`` for a plain exception."""
+    if isinstance(e, BaseExceptionGroup):
+        return [leaf for sub in e.exceptions for leaf in _leaf_errors(sub)]
+    return [e]
+
+
+def describe_connect_error(e: BaseException) -> str:
+    """A one-line cause for a failed MCP connect: exception groups unwrapped (anyio task groups wrap the real
+    error), ``connection closed`` for a session the server closed, the transport's own text otherwise; no
+    exception-class prefixes for the common causes."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    parts: list[str] = []
+    for leaf in _leaf_errors(e):
+        text = str(leaf).strip()
+        if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
+            text = "connection closed"
+        elif isinstance(leaf, TimeoutError | OSError | ConnectionError) or type(leaf).__module__.startswith("httpx"):
+            text = (text or type(leaf).__name__).rstrip(".")
+            text = text[:1].lower() + text[1:]
+        else:
+            text = f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts) or type(e).__name__
+
+
+class _StderrTail:
+    """A stdio server's stderr, forwarded to where the config sends it (``inherit``: this process's stderr; a
+    file path; ``devnull``: nowhere) by a daemon thread that keeps the last lines for start-up error messages."""
+
+    def __init__(self, dest: str, lines: int = 8) -> None:
+        r, w = os.pipe()
+        self.writer = os.fdopen(w, "w", encoding="utf-8")  # the SDK passes it to the server as its stderr
+        self.tail: deque[str] = deque(maxlen=lines)
+        self._dest = dest
+        self._file = None if dest in ("inherit", "devnull") else open(dest, "a", encoding="utf-8")  # noqa: SIM115
+        self._thread = threading.Thread(target=self._pump, args=(os.fdopen(r, "rb"),), daemon=True,
+                                        name="mcp-stderr")
+        self._thread.start()
+
+    def _pump(self, reader: Any) -> None:
+        with reader:
+            for raw in reader:
+                line = raw.decode("utf-8", "replace")
+                if line.strip():
+                    self.tail.append(line.rstrip()[:300])
+                out = sys.stderr if self._dest == "inherit" else self._file
+                if out is not None:
+                    with contextlib.suppress(Exception):
+                        out.write(line)
+                        out.flush()
+        if self._file is not None:
+            self._file.close()
+
+    def close(self) -> None:
+        """Close this process's copy of the pipe (the thread ends once the server's copy closes too)."""
+        with contextlib.suppress(OSError):
+            self.writer.close()
 
 
 class _Session:
@@ -393,12 +470,9 @@ class MCPServerConnection:
         c = self.config
         if c.command is not None:
             params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
-            if c.stderr == "inherit":
-                return params
-            if self._stderr_file is None:
-                path = os.devnull if c.stderr == "devnull" else c.stderr
-                self._stderr_file = open(path, "a", encoding="utf-8")
-            return stdio_client(params, errlog=self._stderr_file)
+            if self._stderr_file is None:  # every mode keeps a tail for start-up error messages
+                self._stderr_file = _StderrTail(c.stderr)
+            return stdio_client(params, errlog=self._stderr_file.writer)
         assert c.url is not None
         if c.headers:
             import httpx2
@@ -468,9 +542,26 @@ class MCPServerConnection:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            raise ToolError(
-                f"cannot connect to MCP server {self.name!r}: {type(e).__name__}: {e}", retryable=True
-            ) from e
+            raise ToolError(f"cannot connect to MCP server {self.name!r}: {await self._failure_text(e)}",
+                            retryable=True) from e
+
+    async def _failure_text(self, e: BaseException) -> str:
+        """Why the connect failed: the unwrapped cause, where the server is, and its last stderr lines."""
+        c = self.config
+        text = describe_connect_error(e)
+        if c.url is not None:
+            return f"{text} (url {c.url})"
+        tail = self._stderr_file
+        if tail is not None:
+            await asyncio.sleep(0.1)  # let the pump thread read what the server wrote before it exited
+        cmd = " ".join([c.command or "", *c.args])
+        cmd = cmd if len(cmd) <= 120 else cmd[:117] + "..."
+        text = f"{text} (command: {cmd})"
+        if "connection closed" in text:
+            text = text.replace("connection closed", "connection closed: the server exited or closed stdout", 1)
+        if tail is not None and tail.tail:
+            text += "; its last stderr lines: " + " | ".join(list(tail.tail)[-5:])
+        return text
 
     def _on_connected(self, fut: asyncio.Future[_Session]) -> None:
         loop = fut.get_loop()
@@ -482,7 +573,8 @@ class MCPServerConnection:
             self._consecutive_failures += 1
             delay = min(self.backoff_s * 2 ** (self._consecutive_failures - 1), self.max_backoff_s)
             self._next_attempt_at = loop.time() + delay
-            logger.warning("MCP server %r: connect failed (%r); next attempt in %.2fs", self.name, exc, delay)
+            logger.warning("MCP server %r: connect failed (%s); next attempt in %.2fs", self.name,
+                           describe_connect_error(exc), delay)
             return
         session = fut.result()
         if self._closed:
@@ -777,7 +869,10 @@ class MCPToolset:
         errors = [(n, r) for n, r in zip(names, listed, strict=True) if isinstance(r, BaseException)]
         if errors:
             await self._aclose()
-            msg = "; ".join(f"{n}: {type(e).__name__}: {e}" for n, e in errors)
+            msg = "; ".join(
+                f"{e.message if isinstance(e, ToolError) else f'{n}: ' + describe_connect_error(e)}"
+                for n, e in errors
+            )
             raise ConnectionError(f"cannot start MCP servers: {msg}") from errors[0][1]
         per_server: dict[str, list[Any]] = {}
         for n, tools in zip(names, listed, strict=True):

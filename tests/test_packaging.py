@@ -1,0 +1,84 @@
+"""The wheel ships both packages: the core ``toolgym`` with its data, and the ``trainers`` adapter with its configs.
+
+Builds the wheel from a copy of the source (``pip wheel --no-deps --no-build-isolation``: no download), checks
+its contents against the source tree, then installs it (``--no-deps --target``) and imports the adapter from the
+installed copy, outside the checkout (the dependencies come from this interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _source_files(pkg: str) -> set[str]:
+    base = ROOT / pkg
+    return {p.relative_to(ROOT).as_posix() for p in base.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"}
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for pkg in ("toolgym", "trainers"):
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=ignore)
+    out = tmp / "dist"
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+                           "-q", "-w", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (whl,) = out.glob("toolgym-*.whl")
+    return whl
+
+
+@pytest.mark.timeout(300)
+def test_wheel_contains_the_adapter_configs_and_package_data(wheel: Path):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in ("trainers/__init__.py", "trainers/rollout_func.py", "trainers/grpo.py", "trainers/sft.py",
+              "trainers/cli.py", "trainers/configs/grpo_calculator_cpu.yaml", "trainers/configs/accelerate_zero3.yaml",
+              "toolgym/cli.py", "toolgym/data/chinook.sqlite.gz", "toolgym/format/templates/chatml_tools.jinja"):
+        assert f in names, f
+    # every file of both packages is in the wheel (a new data file without a package-data pattern fails here)
+    missing = (_source_files("toolgym") | _source_files("trainers")) - names
+    assert not missing, sorted(missing)
+    entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    assert "toolgym = toolgym.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert 'Requires-Dist: trl==1.16.0; extra == "train"' in meta
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_installed_wheel_imports_the_adapter_outside_the_checkout(wheel: Path, tmp_path: Path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    # the installed copy comes first on the path (an editable install's finder comes after path entries); the
+    # dependencies come from this interpreter; the checkout is not on the path (cwd elsewhere, no PYTHONPATH)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target)}
+    code = ("import trainers, trainers.cli, trainers.grpo, trainers.rollout_func, toolgym, pathlib; "
+            "print(pathlib.Path(trainers.__file__).parent, pathlib.Path(toolgym.__file__).parent); "
+            "print((pathlib.Path(trainers.__file__).parent / 'configs' / 'grpo_calculator_cpu.yaml').is_file())")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=240,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trainers_dir, toolgym_dir, has_cfg = proc.stdout.split()
+    assert Path(trainers_dir) == target / "trainers" and Path(toolgym_dir) == target / "toolgym"
+    assert has_cfg == "True"
+    # the wheel's console script dispatches `train` to the installed adapter
+    proc = subprocess.run([str(target / "bin" / "toolgym"), "train", "grpo", "--config", "nope.yaml"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=240, env=env)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stderr.strip() == "toolgym train grpo: error: cannot read config nope.yaml: No such file or directory"

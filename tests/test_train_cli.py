@@ -1,0 +1,172 @@
+"""``toolgym train {grpo,rft,sft}`` (trainers/cli.py): overrides reach the config, bad keys are one-line errors,
+and short real runs of the tiny model train, save, and log the toolgym metrics to TensorBoard."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl", reason="toolgym train needs the [train] extra (trl)")
+
+from toolgym.cli import main as toolgym_main
+from trainers import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+GRPO_CFG = str(ROOT / "trainers" / "configs" / "grpo_calculator_cpu.yaml")
+
+
+def _dry(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert cli.main([*argv, "--dry-run"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _error(capsys: pytest.CaptureFixture[str], *argv: str, code: int) -> str:
+    assert cli.main(list(argv)) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # one line, no traceback
+    return err[0]
+
+
+def test_overrides_reach_the_grpo_config(capsys):
+    out = _dry(capsys, "grpo", "--config", GRPO_CFG, "--max_steps", "2", "--learning_rate", "1e-5",
+               "--toolgym.env_id", "toolgym/SQL-v0", "--report_to", "mlflow", "--max-completion-length=96",
+               "--toolgym.env_kwargs.split", "test", "--bf16", "--toolgym.model", "null")
+    cfg, tg = out["config"], out["toolgym"]
+    assert cfg["max_steps"] == 2 and cfg["learning_rate"] == 1e-5 and isinstance(cfg["learning_rate"], float)
+    assert cfg["report_to"] == "mlflow" and cfg["max_completion_length"] == 96 and cfg["bf16"] is True
+    assert cfg["num_generations"] == 8  # untouched fields keep the file's values
+    assert tg["env_id"] == "toolgym/SQL-v0" and tg["env_kwargs"] == {"split": "test"} and tg["model"] is None
+    assert tg["max_turn_tokens"] == 64 and tg["schedule"] == "lockstep"  # file value / dataclass default
+    # the resolved fields build TRL's own config
+    from trl import GRPOConfig
+
+    args, tgf = cli.resolve("grpo", GRPO_CFG, cli.parse_overrides(["--max_steps", "3", "--report_to", "[tensorboard]"]))
+    g = GRPOConfig(**{**args, "bf16": False})
+    assert g.max_steps == 3 and g.report_to == ["tensorboard"] and g.num_generations == 8
+    assert cli.parse_overrides(["--a.b-c", "-1", "--flag", "--x=1.5", "--y", "{k: [1, 2]}"]) == {
+        "a.b_c": -1, "flag": True, "x": 1.5, "y": {"k": [1, 2]}}
+
+
+def test_misspelt_keys_are_one_line_errors_naming_the_close_match(capsys, tmp_path):
+    err = _error(capsys, "grpo", "--config", GRPO_CFG, "--max_step", "2", code=2)
+    assert err.startswith("toolgym train grpo: error: unknown option --max_step; did you mean --max_steps")
+    err = _error(capsys, "grpo", "--config", GRPO_CFG, "--toolgym.env_idd", "toolgym/SQL-v0", code=2)
+    assert "unknown option --toolgym.env_idd; did you mean --toolgym.env_id?" in err
+    err = _error(capsys, "grpo", "--config", GRPO_CFG, "--zzzz_qqq", "1", code=2)
+    assert "unknown option --zzzz_qqq (not a field of trl" in err
+    err = _error(capsys, "grpo", "--config", GRPO_CFG, "--learning_rate", "fast", code=2)
+    assert err.endswith("--learning_rate: expected float, got 'fast'")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("toolgym:\n  env_id: toolgym/SQL-v0\n  num_train_task: 8\nmax_steps: 1\n")
+    err = _error(capsys, "grpo", "--config", str(bad), code=2)
+    assert err.endswith(f"{bad}: unknown key toolgym.num_train_task; did you mean toolgym.num_train_tasks?")
+    err = _error(capsys, "sft", "--config", GRPO_CFG, code=2)  # a GRPO file is not an SFT config
+    assert f"{GRPO_CFG}: unknown key num_generations" in err
+    assert "cannot read config" in _error(capsys, "grpo", "--config", str(tmp_path / "none.yaml"), code=3)
+    assert "--config FILE.yaml is required" in _error(capsys, "grpo", "--max_steps", "1", code=2)
+    assert "did you mean grpo?" in _error(capsys, "gpro", "--config", GRPO_CFG, code=2)
+    err = _error(capsys, "grpo", "--config", GRPO_CFG, "--num_generations", "3", code=2)  # TRL's own check
+    assert err.startswith("toolgym train grpo: error: invalid GRPOConfig:")
+
+
+@pytest.mark.timeout(300)
+def test_toolgym_command_exits_2_on_a_misspelt_key():
+    proc = subprocess.run([sys.executable, "-m", "toolgym.cli", "train", "grpo", "--config", GRPO_CFG,
+                           "--learning_rat", "1e-5"], capture_output=True, text=True, cwd=ROOT, timeout=280)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if "Warning" not in ln and not ln.startswith("  warnings.warn")]
+    assert lines == ["toolgym train grpo: error: unknown option --learning_rat; did you mean --learning_rate?"]
+
+
+def test_missing_train_extra_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now fails as if it were not installed
+    err = _error(capsys, "grpo", "--config", GRPO_CFG, code=3)
+    assert "needs the [train] extra (missing module 'trl')" in err
+    monkeypatch.setitem(sys.modules, "trainers.cli", None)
+    assert toolgym_main(["train", "grpo", "--config", GRPO_CFG]) == 3
+    assert "`toolgym train` needs the [train] extra" in capsys.readouterr().err
+
+
+@dataclasses.dataclass
+class Section:
+    env_id: str = "toolgym/Calculator-v0"
+    rounds: int = 2
+
+
+@dataclasses.dataclass
+class RFTConfig:
+    output_dir: str = "runs/rft"
+    learning_rate: float = 1e-5
+    toolgym: Section = dataclasses.field(default_factory=Section)
+
+
+def test_rft_is_handed_the_resolved_config(monkeypatch, capsys, tmp_path):
+    """``rft`` runs RFT_MODULE's main(["--config", FILE]) with the merged config (a stand-in module here: the
+    real trainers.rft comes from another branch)."""
+
+    seen: dict = {}
+
+    def main(argv):
+        import yaml
+
+        seen.update(yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text()))
+        return 0
+
+    mod = types.ModuleType(cli.RFT_MODULE)
+    mod.RFTConfig, mod.main = RFTConfig, main
+    monkeypatch.setitem(sys.modules, cli.RFT_MODULE, mod)
+    cfg = tmp_path / "rft.yaml"
+    cfg.write_text("output_dir: runs/x\ntoolgym:\n  rounds: 3\n")
+    assert cli.main(["rft", "--config", str(cfg), "--learning_rate", "3e-5", "--toolgym.env_id", "toolgym/SQL-v0"]) == 0
+    assert seen == {"output_dir": "runs/x", "learning_rate": 3e-5, "toolgym": {"rounds": 3, "env_id": "toolgym/SQL-v0"}}
+    assert "did you mean --toolgym.rounds?" in _error(capsys, "rft", "--config", str(cfg), "--toolgym.round", "1",
+                                                      code=2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_grpo_two_steps_of_the_tiny_model_log_toolgym_metrics_to_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "grpo"
+    rc = toolgym_main(["train", "grpo", "--config", GRPO_CFG, "--toolgym.model", "tiny", "--max_steps", "2",
+                       "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "32",
+                       "--toolgym.max_turn_tokens", "8", "--toolgym.num_train_tasks", "4", "--toolgym.threads", "1",
+                       "--toolgym.trajectory_dir", str(tmp_path / "traj"), "--learning_rate", "1e-4",
+                       "--output_dir", str(out), "--report_to", "tensorboard"])
+    assert rc == 0
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    (run,) = glob.glob(str(out / "runs" / "*"))
+    ea = EventAccumulator(run)
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    for t in ("train/toolgym/success", "train/toolgym/tool_call_rate", "train/toolgym/turns",
+              "train/toolgym/errors/parse_error", "train/rewards/env_reward/mean", "train/frac_reward_zero_std"):
+        assert t in tags, sorted(tags)
+    assert [e.step for e in ea.Scalars("train/toolgym/success")] == [1, 2]
+    assert ea.Scalars("train/learning_rate")[0].value == pytest.approx(1e-4)  # the override reached the trainer
+    assert len(list((tmp_path / "traj").glob("*.jsonl"))) >= 1  # the env episodes went through the adapter
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sft_on_oracle_episodes_trains_and_saves(tmp_path, capsys):
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("toolgym:\n  model: tiny\n  env_id: toolgym/Calculator-v0\n  episodes: 4\n  num_envs: 4\n"
+                   "output_dir: runs/never\nmax_steps: 50\nper_device_train_batch_size: 2\nuse_cpu: true\n"
+                   "report_to: []\nsave_strategy: 'no'\nlogging_steps: 1\n")
+    out = tmp_path / "sft"
+    assert cli.main(["sft", "--config", str(cfg), "--max_steps", "2", "--output_dir", str(out),
+                     "--toolgym.env_kwargs", "{split: train}"]) == 0
+    printed = capsys.readouterr().out
+    assert "4 episodes, kept 4 (reward >= 1.0)" in printed and "2 steps, model saved" in printed
+    kept = [json.loads(ln) for ln in (out / "sft_trajectories.jsonl").read_text().splitlines()]
+    assert len(kept) == 4 and all(t["task"]["split"] == "train" and t["outcome_reward"] == 1.0 for t in kept)
+    assert (out / "model.safetensors").is_file()

@@ -1,0 +1,587 @@
+"""A model registry on MLflow: versions with lineage and held-out scores, promotion by a paired test.
+
+``toolgym registry`` (this module's :func:`main`)::
+
+    toolgym registry register CHECKPOINT_DIR --name NAME [--eval EVAL.json] [--env ENV_ID] [--description TEXT]
+    toolgym registry attach-eval NAME VERSION --eval EVAL.json
+    toolgym registry list NAME [--json]
+    toolgym registry promote NAME VERSION [--alias champion] [--force --reason TEXT]
+
+and ``toolgym eval/rollout --policy models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` through
+:func:`resolve_model_uri`.
+
+A version is an MLflow model version whose files are the artifacts (``model/``) of a *registration run* in the
+``toolgym`` experiment; that run also holds the evaluation JSON (``eval/eval.json``) and its scores as metrics.
+Version tags carry the lineage (``toolgym.training_run_id``, ``toolgym.base_model``, ``toolgym.env_id``,
+``toolgym.config_hash``; read from the checkpoint's ``toolgym_run.json`` when training was tracked) and the
+evaluation (``eval.env_id``, ``eval.split``, ``eval.n_tasks``, ``eval.task_set``, ``eval.success``, ...).
+
+Promotion compares the two versions on **the same evaluation** (same env, split and task set): per-task success
+paired by task id, 95% CI of the mean difference from :func:`toolgym.eval.paired_difference_ci`; the alias
+moves only when the whole interval is above 0. ``--force --reason`` moves it anyway and records why.
+
+Errors are one line with the ``toolgym`` exit code: 2 unknown model / version / alias or bad arguments, 3 a
+checkpoint that is not a model or a bad evaluation file, 4 an unreachable tracking server, 1 a refused
+promotion. Everything is validated before anything is created; a failure part-way deletes what it created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolgym.cli import CLIError, ExitCode
+from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
+
+__all__ = [
+    "EVAL_KEYS",
+    "RegistryError",
+    "attach_eval",
+    "list_versions",
+    "load_eval",
+    "main",
+    "promote",
+    "register",
+    "resolve_model_uri",
+    "validate_checkpoint",
+]
+
+EVAL_KEYS = ("env_id", "split", "n_tasks", "success", "task_ids", "per_task_success")
+"""Keys a ``toolgym eval --json`` file must have to be attached to a version."""
+
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+            "adapter_model.safetensors", "adapter_model.bin")
+_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+#: trainer state files in ``checkpoint-N`` dirs that are not part of the model
+_SKIP = ("optimizer.pt", "scheduler.pt", "rng_state", "training_args.bin", "global_step")
+
+
+class RegistryError(CLIError):
+    """A registry failure with the ``toolgym`` exit code to return."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# validation (before anything is created)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def validate_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check that ``path`` is a loadable model directory (``config.json`` with a ``model_type`` or an adapter
+    config, weights, a tokenizer); returns its lineage: the checkpoint's ``toolgym_run.json`` when present, else
+    what ``config.json`` says (``base_model`` from ``_name_or_path``), unknown fields ``None``.
+
+    Raises:
+        RegistryError (exit 3): not a directory, or not a model.
+    """
+    d = Path(path).expanduser()
+    if not d.is_dir():
+        raise RegistryError(f"{path}: not a directory (give a saved model directory)", ExitCode.INPUT)
+    cfg_file = d / ("config.json" if (d / "config.json").is_file() else "adapter_config.json")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: not a model directory (no config.json)", ExitCode.INPUT) from None
+    except (OSError, ValueError) as e:
+        raise RegistryError(f"{cfg_file}: unreadable model config: {e}", ExitCode.INPUT) from None
+    if not isinstance(cfg, dict) or not (cfg.get("model_type") or cfg.get("peft_type")):
+        raise RegistryError(f"{cfg_file}: not a transformers model config (no model_type)", ExitCode.INPUT)
+    if not any((d / w).is_file() for w in _WEIGHTS):
+        raise RegistryError(f"{path}: no model weights ({', '.join(_WEIGHTS[:3])}, ...)", ExitCode.INPUT)
+    if not any((d / t).is_file() for t in _TOKENIZER):
+        raise RegistryError(f"{path}: no tokenizer files (save the tokenizer with the model)", ExitCode.INPUT)
+    lineage: dict[str, Any] = {"training_run_id": None, "env_id": None, "split": None, "config_hash": None,
+                               "base_model": cfg.get("_name_or_path") or cfg.get("base_model_name_or_path") or None,
+                               "model_type": cfg.get("model_type") or cfg.get("peft_type")}
+    lf = d / LINEAGE_FILE
+    if lf.is_file():
+        try:
+            recorded = json.loads(lf.read_text())
+        except (OSError, ValueError) as e:
+            raise RegistryError(f"{lf}: unreadable lineage file: {e}", ExitCode.INPUT) from None
+        lineage.update({k: v for k, v in recorded.items() if v is not None})
+    return lineage
+
+
+def task_set_hash(task_ids: Sequence[Any]) -> str:
+    """12 hex digits identifying a set of task ids (order-free)."""
+    return hashlib.sha256("\n".join(sorted(map(str, task_ids))).encode()).hexdigest()[:12]
+
+
+def load_eval(path: str | Path, *, env_id: str | None = None) -> dict[str, Any]:
+    """Read and check a ``toolgym eval --json`` file (:data:`EVAL_KEYS`, aligned ``task_ids`` /
+    ``per_task_success``); with ``env_id``, it must be that env's evaluation.
+
+    Raises:
+        RegistryError (exit 3): unreadable, malformed, or for a different env.
+    """
+    try:
+        ev = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise RegistryError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}", ExitCode.INPUT) from None
+    except ValueError as e:
+        raise RegistryError(f"{path}: not JSON ({e})", ExitCode.INPUT) from None
+    if not isinstance(ev, dict):
+        raise RegistryError(f"{path}: not a `toolgym eval --json` summary (not an object)", ExitCode.INPUT)
+    missing = [k for k in EVAL_KEYS if k not in ev]
+    if missing:
+        raise RegistryError(f"{path}: not a `toolgym eval --json` summary (missing {', '.join(missing)})",
+                            ExitCode.INPUT)
+    ids, per = ev["task_ids"], ev["per_task_success"]
+    if not isinstance(ids, list) or not isinstance(per, list) or len(ids) != len(per) or not ids:
+        raise RegistryError(f"{path}: task_ids and per_task_success must be non-empty lists of equal length",
+                            ExitCode.INPUT)
+    if len(set(map(str, ids))) != len(ids):
+        raise RegistryError(f"{path}: task_ids has duplicates", ExitCode.INPUT)
+    if env_id and _short(ev["env_id"]) != _short(env_id):
+        raise RegistryError(f"{path}: an evaluation of {ev['env_id']}, but the checkpoint was trained on {env_id}",
+                            ExitCode.INPUT)
+    return ev
+
+
+def _short(env_id: Any) -> str:
+    return str(env_id).split("/", 1)[-1]
+
+
+def _eval_tags(ev: Mapping[str, Any]) -> dict[str, str]:
+    ci = ev.get("success_ci95")
+    tags = {"eval.env_id": str(ev["env_id"]), "eval.split": str(ev["split"]), "eval.n_tasks": str(ev["n_tasks"]),
+            "eval.task_set": task_set_hash(ev["task_ids"]), "eval.success": f"{float(ev['success']):.4f}",
+            "eval.policy": str(ev.get("policy", ""))[:500]}
+    if ci:
+        tags["eval.success_ci95"] = f"{float(ci[0]):.4f},{float(ci[1]):.4f}"
+    for key in ("k", "seed", "pass_at_k", "reward", "tool_call_rate"):
+        if ev.get(key) is not None and not isinstance(ev[key], dict | list):
+            tags[f"eval.{key}"] = str(ev[key])
+    return tags
+
+
+def _eval_metrics(ev: Mapping[str, Any]) -> dict[str, float]:
+    out = {}
+    for key in ("success", "pass_at_k", "mean_at_k", "reward", "tool_call_rate"):
+        if isinstance(ev.get(key), int | float) and not isinstance(ev.get(key), bool):
+            out[f"eval/{key}"] = float(ev[key])
+    ci = ev.get("success_ci95")
+    if ci:
+        out["eval/success_ci95_lo"], out["eval/success_ci95_hi"] = float(ci[0]), float(ci[1])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MLflow access
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _client() -> Any:
+    """An ``MlflowClient`` on the configured store (exit 4 when a server is unreachable)."""
+    uri = configure_mlflow()
+    import mlflow
+
+    return mlflow.MlflowClient(uri)
+
+
+def _not_found(e: Exception) -> bool:
+    return getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND", "INVALID_PARAMETER_VALUE")
+
+
+def _get_model(client: Any, name: str) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_registered_model(name)
+    except MlflowException as e:
+        if _not_found(e):
+            raise RegistryError(f"no registered model named {name!r} (see `toolgym registry register`)",
+                                ExitCode.USAGE) from None
+        raise
+
+
+def _get_version(client: Any, name: str, version: str | int) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    _get_model(client, name)
+    if not str(version).isdigit():
+        raise RegistryError(f"version must be a number, got {version!r}", ExitCode.USAGE)
+    try:
+        return client.get_model_version(name, str(version))
+    except MlflowException as e:
+        if _not_found(e):
+            known = sorted(int(v.version) for v in client.search_model_versions(f"name='{name}'"))
+            raise RegistryError(f"model {name!r} has no version {version} (versions: "
+                                f"{', '.join(map(str, known)) or 'none'})", ExitCode.USAGE) from None
+        raise
+
+
+def _model_files(d: Path) -> list[Path]:
+    return [p for p in sorted(d.rglob("*")) if p.is_file()
+            and not any(part.startswith(_SKIP) for part in p.relative_to(d).parts)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# register / attach-eval / list
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = None, *, env_id: str | None = None,
+             description: str | None = None) -> dict[str, Any]:
+    """Register ``checkpoint`` as a new version of ``name``; returns the version's row (see :func:`list_versions`).
+
+    Validates the checkpoint and the evaluation file first; then logs the model files (and the evaluation) to a
+    registration run and creates the version. On any failure after that the run (and a model created by this
+    call) is deleted, so nothing is half-registered.
+    """
+    if not name or any(c in name for c in "/@:'\"") or name != name.strip():
+        raise RegistryError(f"bad model name {name!r} (no '/', '@', ':' or quotes)", ExitCode.USAGE)
+    lineage = validate_checkpoint(checkpoint)
+    if env_id:
+        lineage["env_id"] = env_id
+    ev = load_eval(eval_path, env_id=lineage.get("env_id")) if eval_path is not None else None
+    if ev is not None and not lineage.get("env_id"):
+        lineage["env_id"] = ev["env_id"]
+    client = _client()
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from toolgym import __version__
+
+    d = Path(checkpoint).expanduser().resolve()
+    created_model = False
+    run_id: str | None = None
+    try:
+        try:
+            client.get_registered_model(name)
+        except MlflowException as e:
+            if not _not_found(e):
+                raise
+            client.create_registered_model(name, tags={"toolgym.kind": "policy"})
+            created_model = True
+        exp = client.get_experiment_by_name(experiment_name())
+        run = client.create_run(exp.experiment_id, run_name=f"register {name}",
+                                tags={"toolgym.kind": "register", "toolgym.version": __version__})
+        run_id = run.info.run_id
+        params = {f"lineage.{k}": str(v) for k, v in lineage.items() if v is not None}
+        params["checkpoint"] = str(d)
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, v[:6000]) for k, v in params.items()])
+        for f in _model_files(d):
+            rel = f.relative_to(d).parent
+            client.log_artifact(run_id, str(f), "model" if str(rel) == "." else f"model/{rel.as_posix()}")
+        tags = {"toolgym.registration_run_id": run_id, "toolgym.checkpoint": str(d),
+                "toolgym.training_run_id": str(lineage.get("training_run_id") or ""),
+                "toolgym.base_model": str(lineage.get("base_model") or ""),
+                "toolgym.env_id": str(lineage.get("env_id") or ""),
+                "toolgym.split": str(lineage.get("split") or ""),
+                "toolgym.config_hash": str(lineage.get("config_hash") or "")}
+        if ev is not None:
+            _log_eval(client, run_id, ev)
+            tags.update(_eval_tags(ev))
+        client.set_terminated(run_id)
+        mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/model", run_id=run_id,
+                                         tags=tags, description=description)
+    except BaseException:
+        if run_id is not None:
+            try:
+                client.delete_run(run_id)
+            except Exception:  # noqa: BLE001 - best effort: the original error is what the user needs
+                pass
+        if created_model:
+            try:
+                client.delete_registered_model(name)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+    return _row(client.get_model_version(name, mv.version), _get_model(client, name))
+
+
+def _log_eval(client: Any, run_id: str, ev: Mapping[str, Any]) -> None:
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "eval.json"
+        p.write_text(json.dumps(ev, indent=1))
+        client.log_artifact(run_id, str(p), "eval")
+    ts = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, ts, 0) for k, v in _eval_metrics(ev).items()])
+
+
+def attach_eval(name: str, version: str | int, eval_path: str | Path) -> dict[str, Any]:
+    """Attach (or replace) the held-out evaluation of an existing version: the JSON goes to its registration run,
+    the scores to its tags. The evaluation must be of the version's env."""
+    ev = load_eval(eval_path)  # exit 3 before touching the store
+    client = _client()
+    mv = _get_version(client, name, version)
+    env = mv.tags.get("toolgym.env_id")
+    if env and _short(env) != _short(ev["env_id"]):
+        raise RegistryError(f"{eval_path}: an evaluation of {ev['env_id']}, but {name} v{mv.version} was trained "
+                            f"on {env}", ExitCode.INPUT)
+    run_id = mv.tags.get("toolgym.registration_run_id") or mv.run_id
+    _log_eval(client, run_id, ev)
+    for k, v in _eval_tags(ev).items():
+        client.set_model_version_tag(name, mv.version, k, v)
+    return _row(client.get_model_version(name, mv.version), _get_model(client, name))
+
+
+def _row(mv: Any, model: Any) -> dict[str, Any]:
+    t = mv.tags
+    aliases = sorted(a for a, v in (model.aliases or {}).items() if str(v) == str(mv.version))
+    ci = t.get("eval.success_ci95")
+    num = (lambda s: float(s) if s not in (None, "") else None)  # noqa: E731
+    return {
+        "name": mv.name, "version": int(mv.version), "aliases": aliases, "created": mv.creation_timestamp,
+        "env_id": t.get("eval.env_id") or t.get("toolgym.env_id") or None, "split": t.get("eval.split"),
+        "n_tasks": int(t["eval.n_tasks"]) if t.get("eval.n_tasks") else None, "task_set": t.get("eval.task_set"),
+        "success": num(t.get("eval.success")), "success_ci95": [float(x) for x in ci.split(",")] if ci else None,
+        "pass_at_k": num(t.get("eval.pass_at_k")), "k": int(t["eval.k"]) if t.get("eval.k") else None,
+        "training_run_id": t.get("toolgym.training_run_id") or None, "base_model": t.get("toolgym.base_model") or None,
+        "config_hash": t.get("toolgym.config_hash") or None, "source": mv.source,
+        "promotions": {k.split(".", 2)[2]: json.loads(v) for k, v in t.items() if k.startswith("toolgym.promoted.")},
+    }
+
+
+def list_versions(name: str) -> list[dict[str, Any]]:
+    """Every version of ``name``, newest first, as rows: version, aliases, env_id, split, n_tasks, task_set,
+    success (+ ``success_ci95``), pass_at_k, k, lineage (training run, base model, config hash), promotions."""
+    client = _client()
+    model = _get_model(client, name)
+    versions = client.search_model_versions(f"name='{name}'")
+    return sorted((_row(mv, model) for mv in versions), key=lambda r: -r["version"])
+
+
+def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``list`` rows as an aligned text table."""
+    head = ("version", "aliases", "env", "split", "tasks", "success", "95% CI", "pass@k", "training run")
+    body = []
+    for r in rows:
+        ci = r["success_ci95"]
+        body.append((str(r["version"]), ",".join(r["aliases"]) or "-", _short(r["env_id"] or "-"), r["split"] or "-",
+                     str(r["n_tasks"] or "-"), "-" if r["success"] is None else f"{r['success']:.3f}",
+                     f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-",
+                     "-" if r["pass_at_k"] is None else f"{r['pass_at_k']:.3f}" + (f" (k={r['k']})" if r["k"] else ""),
+                     (r["training_run_id"] or "-")[:12]))
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# promote
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _version_eval(client: Any, mv: Any) -> dict[str, Any] | None:
+    if not mv.tags.get("eval.task_set"):
+        return None
+    import mlflow
+
+    run_id = mv.tags.get("toolgym.registration_run_id") or mv.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="eval/eval.json", dst_path=tmp,
+                                                   tracking_uri=tracking_uri())
+        return json.loads(Path(path).read_text())
+
+
+def compare(champion: Mapping[str, Any], challenger: Mapping[str, Any]) -> dict[str, Any]:
+    """Paired comparison of two evaluations on the same env, split and task set: per-task success aligned by
+    task id, ``toolgym.eval.paired_difference_ci(before=champion, after=challenger)``. Returns ``{"comparable":
+    bool, "why": str, "mean", "lo", "hi", "n"}``; ``better`` is ``lo > 0``."""
+    for key in ("env_id", "split"):
+        if _short(champion[key]) != _short(challenger[key]):
+            return {"comparable": False, "better": False,
+                    "why": f"different {key}: {challenger[key]} vs the champion's {champion[key]}"}
+    a = {str(t): float(s) for t, s in zip(champion["task_ids"], champion["per_task_success"], strict=True)}
+    b = {str(t): float(s) for t, s in zip(challenger["task_ids"], challenger["per_task_success"], strict=True)}
+    if set(a) != set(b):
+        return {"comparable": False, "better": False,
+                "why": f"different task sets ({len(b)} tasks, {len(set(a) & set(b))} shared with the champion's "
+                       f"{len(a)}): evaluate both on the same tasks (`toolgym registry attach-eval`)"}
+    from toolgym.eval import paired_difference_ci
+
+    ids = sorted(a)
+    ci = paired_difference_ci([a[t] for t in ids], [b[t] for t in ids])
+    better = float(ci["lo"]) > 0
+    return {"comparable": True, "better": better, "mean": float(ci["mean"]), "lo": float(ci["lo"]),
+            "hi": float(ci["hi"]), "n": int(ci["n"]),
+            "why": f"paired difference {ci['mean']:+.3f}, 95% CI [{ci['lo']:+.3f}, {ci['hi']:+.3f}] over "
+                   f"{ci['n']} tasks" + ("" if better else " includes or is below 0")}
+
+
+def promote(name: str, version: str | int, alias: str = "champion", *, force: bool = False,
+            reason: str | None = None) -> dict[str, Any]:
+    """Move ``alias`` to ``version`` when it beats the alias's current holder on the same evaluation (see
+    :func:`compare`); a version with no holder to beat needs an evaluation. ``force`` (with a ``reason``) moves it
+    anyway. The decision is recorded as the version tag ``toolgym.promoted.<alias>``.
+
+    Returns ``{"promoted": True, "from": old_version|None, "to": version, ...comparison}``.
+
+    Raises:
+        RegistryError: exit 2 (unknown model/version, ``--force`` without ``--reason``), exit 1 (refused: why).
+    """
+    if force and not (reason or "").strip():
+        raise RegistryError("--force needs --reason TEXT (recorded with the promotion)", ExitCode.USAGE)
+    if not alias or not alias.replace("_", "").replace("-", "").isalnum():
+        raise RegistryError(f"bad alias {alias!r}", ExitCode.USAGE)
+    client = _client()
+    mv = _get_version(client, name, version)
+    model = _get_model(client, name)
+    holder = (model.aliases or {}).get(alias)
+    if holder is not None and str(holder) == str(mv.version):
+        return {"promoted": False, "from": int(holder), "to": int(mv.version), "why": f"v{holder} already is {alias}"}
+    new_ev = _version_eval(client, mv)
+    result: dict[str, Any]
+    if holder is None:
+        result = {"comparable": True, "better": new_ev is not None,
+                  "why": "no current holder" if new_ev is not None else f"v{mv.version} has no evaluation"}
+    elif new_ev is None:
+        result = {"comparable": False, "better": False, "why": f"v{mv.version} has no evaluation "
+                  "(`toolgym registry attach-eval`)"}
+    else:
+        old_ev = _version_eval(client, client.get_model_version(name, str(holder)))
+        result = (compare(old_ev, new_ev) if old_ev is not None else
+                  {"comparable": False, "better": False, "why": f"the {alias} v{holder} has no evaluation"})
+    if not result["better"] and not force:
+        who = f"the {alias} v{holder}" if holder is not None else f"{alias}"
+        raise RegistryError(f"refused: {name} v{mv.version} does not beat {who}: {result['why']} "
+                            "(--force --reason TEXT to override)", ExitCode.FAILURE)
+    record = {"from": None if holder is None else int(holder), "at": int(time.time()), "forced": bool(force
+              and not result["better"]), **{k: v for k, v in result.items() if k != "better"}}
+    if record["forced"]:
+        record["reason"] = reason
+    client.set_registered_model_alias(name, alias, mv.version)
+    client.set_model_version_tag(name, mv.version, f"toolgym.promoted.{alias}", json.dumps(record))
+    return {"promoted": True, "to": int(mv.version), **record}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# models:/ URIs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME@ALIAS`` -> ``(NAME, None, ALIAS)``; ``models:/NAME/3`` -> ``(NAME, "3", None)``."""
+    body = uri.removeprefix("models:/").strip("/")
+    if "@" in body:
+        name, _, alias = body.partition("@")
+        if name and alias and "/" not in name:
+            return name, None, alias
+    else:
+        name, _, version = body.partition("/")
+        if name and version.isdigit():
+            return name, version, None
+    raise RegistryError(f"bad model URI {uri!r}: use models:/NAME@ALIAS or models:/NAME/VERSION", ExitCode.USAGE)
+
+
+def resolve_model_uri(uri: str, cache_dir: str | Path | None = None) -> Path:
+    """The local model directory behind a ``models:/`` URI: the artifact directory itself with the embedded
+    store, else a copy downloaded once to ``runs/registry-cache/NAME/VERSION``."""
+    from mlflow.exceptions import MlflowException
+
+    name, version, alias = parse_model_uri(uri)
+    client = _client()
+    if alias is not None:
+        _get_model(client, name)
+        try:
+            mv = client.get_model_version_by_alias(name, alias)
+        except MlflowException as e:
+            if _not_found(e):
+                raise RegistryError(f"model {name!r} has no alias {alias!r}", ExitCode.USAGE) from None
+            raise
+    else:
+        mv = _get_version(client, name, version)
+    import mlflow
+
+    src = mv.source
+    if src.startswith("file://") or src.startswith("/"):
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=src))
+    else:
+        target = Path(cache_dir or runs_dir() / "registry-cache") / name / str(mv.version)
+        if not (target / "config.json").is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".dl-"))
+            try:
+                got = Path(mlflow.artifacts.download_artifacts(artifact_uri=src, dst_path=str(tmp)))
+                shutil.rmtree(target, ignore_errors=True)
+                got.rename(target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        local = target
+    validate_checkpoint(local)
+    return local
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toolgym registry", description="Model registry on MLflow (tracking store: "
+                                "$MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db)",
+                                epilog="exit codes: 0 ok, 1 promotion refused or failure, 2 unknown model/version or "
+                                "bad arguments, 3 bad checkpoint or eval file, 4 tracking server unreachable")
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = sub.add_parser("register", help="a new version from a saved model directory")
+    s.add_argument("checkpoint", help="model directory (config.json, weights, tokenizer)")
+    s.add_argument("--name", required=True)
+    s.add_argument("--eval", dest="eval_path", default=None, help="its held-out `toolgym eval --json` summary")
+    s.add_argument("--env", default=None, help="env id it was trained on (default: from toolgym_run.json)")
+    s.add_argument("--description", default=None)
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("attach-eval", help="attach a held-out evaluation to an existing version")
+    s.add_argument("name")
+    s.add_argument("version")
+    s.add_argument("--eval", dest="eval_path", required=True)
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("list", help="versions with scores, env, split, tasks, CI and aliases")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s = sub.add_parser("promote", help="move an alias to a version that beats its holder on the same evaluation")
+    s.add_argument("name")
+    s.add_argument("version")
+    s.add_argument("--alias", default="champion")
+    s.add_argument("--force", action="store_true", help="move it even when not better (needs --reason)")
+    s.add_argument("--reason", default=None)
+    s.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``toolgym registry ...``; returns the exit code. Raises :class:`RegistryError` (a ``CLIError``) for the
+    ``toolgym`` command to print as one line."""
+    a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    quiet_logs()
+    if a.action == "list":
+        rows = list_versions(a.name)
+        print(json.dumps(rows, indent=1) if a.json else format_table(rows))
+        return ExitCode.OK
+    if a.action == "promote":
+        res = promote(a.name, a.version, a.alias, force=a.force, reason=a.reason)
+        if a.json:
+            print(json.dumps(res))
+        elif res["promoted"]:
+            tag = " (FORCED: " + str(res.get("reason")) + ")" if res.get("forced") else ""
+            print(f"{a.name}@{a.alias} -> v{res['to']} (was {'v' + str(res['from']) if res['from'] else 'unset'}): "
+                  f"{res['why']}{tag}")
+        else:
+            print(f"{a.name}@{a.alias}: unchanged, {res['why']}")
+        return ExitCode.OK
+    row = (register(a.checkpoint, a.name, a.eval_path, env_id=a.env, description=a.description)
+           if a.action == "register" else attach_eval(a.name, a.version, a.eval_path))
+    if a.json:
+        print(json.dumps(row))
+    else:
+        score = "" if row["success"] is None else f", success {row['success']:.3f} on {row['env_id']}/{row['split']}"
+        print(f"{'registered' if a.action == 'register' else 'updated'} {row['name']} v{row['version']}{score}")
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    from toolgym.cli import main as _toolgym_main
+
+    sys.exit(_toolgym_main(["registry", *sys.argv[1:]]))
