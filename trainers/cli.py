@@ -264,7 +264,9 @@ def _classes(algo: str) -> tuple[type, type | None]:
     if algo == "rft":
         try:
             mod = _import_train(RFT_MODULE)
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as e:
+            if e.name != RFT_MODULE:
+                raise
             raise ConfigError(f"`toolgym train rft` needs {RFT_MODULE} (not in this install)", code=3) from None
         cfg = getattr(mod, "RFTConfig", None)
         if cfg is None or not dataclasses.is_dataclass(cfg):
