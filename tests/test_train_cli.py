@@ -108,8 +108,8 @@ class RFTConfig:
 
 
 def test_rft_is_handed_the_resolved_config(monkeypatch, capsys, tmp_path):
-    """``rft`` runs RFT_MODULE's main(["--config", FILE]) with the merged config (a stand-in module here: the
-    real trainers.rft comes from another branch)."""
+    """``rft`` hands the merged config to RFT_MODULE: ``run_rft(RFTConfig(...))`` when it has one, else
+    ``main(["--config", FILE])`` (a stand-in module here: the real trainers.rft comes from another branch)."""
 
     seen: dict = {}
 
@@ -126,6 +126,11 @@ def test_rft_is_handed_the_resolved_config(monkeypatch, capsys, tmp_path):
     cfg.write_text("output_dir: runs/x\ntoolgym:\n  rounds: 3\n")
     assert cli.main(["rft", "--config", str(cfg), "--learning_rate", "3e-5", "--toolgym.env_id", "toolgym/SQL-v0"]) == 0
     assert seen == {"output_dir": "runs/x", "learning_rate": 3e-5, "toolgym": {"rounds": 3, "env_id": "toolgym/SQL-v0"}}
+    # a module with run_rft(cfg) gets the RFTConfig itself (trainers.rft's interface)
+    got: list = []
+    mod.run_rft = got.append
+    assert cli.main(["rft", "--config", str(cfg), "--toolgym.rounds", "5"]) == 0
+    assert got == [RFTConfig(output_dir="runs/x", learning_rate=1e-5, toolgym=Section(rounds=5))]
     assert "did you mean --toolgym.rounds?" in _error(capsys, "rft", "--config", str(cfg), "--toolgym.round", "1",
                                                       code=2)
     monkeypatch.setitem(sys.modules, cli.RFT_MODULE, None)  # not installed
