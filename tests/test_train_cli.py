@@ -108,8 +108,8 @@ class RFTConfig:
 
 
 def test_rft_is_handed_the_resolved_config(monkeypatch, capsys, tmp_path):
-    """``rft`` runs RFT_MODULE's main(["--config", FILE]) with the merged config (a stand-in module here: the
-    real trainers.rft comes from another branch)."""
+    """``rft`` hands the merged config to RFT_MODULE: ``run_rft(RFTConfig(...))`` when it has one, else
+    ``main(["--config", FILE])`` (a stand-in module here: the real trainers.rft comes from another branch)."""
 
     seen: dict = {}
 
@@ -126,8 +126,15 @@ def test_rft_is_handed_the_resolved_config(monkeypatch, capsys, tmp_path):
     cfg.write_text("output_dir: runs/x\ntoolgym:\n  rounds: 3\n")
     assert cli.main(["rft", "--config", str(cfg), "--learning_rate", "3e-5", "--toolgym.env_id", "toolgym/SQL-v0"]) == 0
     assert seen == {"output_dir": "runs/x", "learning_rate": 3e-5, "toolgym": {"rounds": 3, "env_id": "toolgym/SQL-v0"}}
+    # a module with run_rft(cfg) gets the RFTConfig itself (trainers.rft's interface)
+    got: list = []
+    mod.run_rft = got.append
+    assert cli.main(["rft", "--config", str(cfg), "--toolgym.rounds", "5"]) == 0
+    assert got == [RFTConfig(output_dir="runs/x", learning_rate=1e-5, toolgym=Section(rounds=5))]
     assert "did you mean --toolgym.rounds?" in _error(capsys, "rft", "--config", str(cfg), "--toolgym.round", "1",
                                                       code=2)
+    monkeypatch.setitem(sys.modules, cli.RFT_MODULE, None)  # not installed
+    assert _error(capsys, "rft", "--config", str(cfg), code=3).endswith(f"needs {cli.RFT_MODULE} (not in this install)")
 
 
 @pytest.mark.slow
@@ -170,3 +177,18 @@ def test_sft_on_oracle_episodes_trains_and_saves(tmp_path, capsys):
     kept = [json.loads(ln) for ln in (out / "sft_trajectories.jsonl").read_text().splitlines()]
     assert len(kept) == 4 and all(t["task"]["split"] == "train" and t["outcome_reward"] == 1.0 for t in kept)
     assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("algo,path,extra", [
+    ("grpo", "trainers/configs/grpo_calculator_cpu.yaml", ()),
+    ("grpo", "trainers/configs/qwen3_4b_search_8xa100.yaml", ("--bf16", "false")),  # a GPU config, checked on CPU
+    ("grpo", "examples/mcp/grpo_mcp_cpu.yaml", ()),
+    ("sft", "trainers/configs/sft_calculator_cpu.yaml", ()),
+])
+def test_shipped_configs_resolve(algo, path, extra, capsys):
+    import yaml
+
+    out = _dry(capsys, algo, "--config", str(ROOT / path), *extra)
+    raw = yaml.safe_load((ROOT / path).read_text())
+    assert out["toolgym"]["env_id"] == raw["toolgym"]["env_id"]
+    assert out["config"]["output_dir"] == raw["output_dir"]

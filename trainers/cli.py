@@ -21,10 +21,10 @@ a value of the wrong type or a config TRL rejects; ``3`` for a config file that 
 ``[train]`` extra (TRL/torch not installed); ``1`` for a failure during training (``TOOLGYM_DEBUG=1`` re-raises it
 with its traceback); ``130`` when interrupted.
 
-``rft`` runs :func:`trainers.rft.main` (``RFT_MODULE``) with the resolved config written to a temporary YAML
-file: the module must define ``RFTConfig`` (a dataclass whose fields are the valid keys; a nested ``toolgym``
-section is checked against ``RFTConfig.toolgym``'s dataclass type when it has one) and ``main(argv)`` accepting
-``--config FILE``.
+``rft`` runs ``RFT_MODULE`` (``trainers.rft``): it must define ``RFTConfig``, a dataclass whose fields are the
+valid keys (a nested ``toolgym`` section is checked against ``RFTConfig.toolgym``'s dataclass type when it has
+one), and either ``run_rft(cfg: RFTConfig)`` (called with the resolved config) or ``main(argv)`` accepting
+``--config FILE`` (called with the resolved config written to a temporary YAML file).
 """
 
 from __future__ import annotations
@@ -264,7 +264,9 @@ def _classes(algo: str) -> tuple[type, type | None]:
     if algo == "rft":
         try:
             mod = _import_train(RFT_MODULE)
-        except ModuleNotFoundError:
+        except ModuleNotFoundError as e:
+            if e.name != RFT_MODULE:
+                raise
             raise ConfigError(f"`toolgym train rft` needs {RFT_MODULE} (not in this install)", code=3) from None
         cfg = getattr(mod, "RFTConfig", None)
         if cfg is None or not dataclasses.is_dataclass(cfg):
@@ -400,17 +402,25 @@ def run_sft(args_fields: dict[str, Any], tg_fields: dict[str, Any]) -> int:
 
 
 def run_rft(config: dict[str, Any]) -> int:
-    """Hand the resolved config to :data:`RFT_MODULE`'s ``main(["--config", FILE])``."""
+    """Run :data:`RFT_MODULE` on the resolved config: ``run_rft(RFTConfig(**config))`` when the module has
+    ``run_rft``, else its ``main(["--config", FILE])`` with the config written to a temporary YAML file."""
     import yaml
 
     mod = _import_train(RFT_MODULE)
+    runner = getattr(mod, "run_rft", None)
+    if callable(runner):
+        hints = _hints(mod.RFTConfig)
+        kwargs = {k: (hints[k](**v) if isinstance(v, dict) and dataclasses.is_dataclass(hints.get(k)) else v)
+                  for k, v in config.items()}
+        runner(_trl_config(mod.RFTConfig, kwargs))
+        return 0
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="toolgym-rft-", delete=False) as fh:
         yaml.safe_dump(config, fh, sort_keys=False)
     try:
         rc = mod.main(["--config", fh.name])
     finally:
         os.unlink(fh.name)
-    return int(rc or 0)
+    return rc if isinstance(rc, int) else 0
 
 
 _USAGE = """usage: toolgym train {grpo,rft,sft} --config FILE.yaml [--dry-run] [--FIELD VALUE ...]

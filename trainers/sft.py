@@ -25,7 +25,6 @@ __all__ = [
     "ORACLES",
     "calculator_oracle",
     "collect",
-    "env_oracle",
     "oracle_policy",
     "sft_dataset",
     "train_sft",

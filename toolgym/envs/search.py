@@ -32,7 +32,7 @@ from toolgym.rewards.rules import answer_format, exact_match, f1_score, normaliz
 from toolgym.tools.search import BM25Retriever, RemoteRetriever, SearchTool, default_retriever
 from toolgym.trajectory import Trajectory, Turn, extract_answer
 
-__all__ = ["SYSTEM_PROMPT", "SearchEnv", "SearchReward", "load_tasks"]
+__all__ = ["SYSTEM_PROMPT", "SearchEnv", "SearchReward", "load_tasks", "read_relation"]
 
 SYSTEM_PROMPT = (
     "You answer questions with the help of a search tool. Call the search tool to look up facts; you may "
