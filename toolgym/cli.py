@@ -294,7 +294,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
-    from toolgym.eval import JSONLStream, check_writable, make_eval_vector_env
+    from toolgym.data.jsonl import JSONLStream, check_writable
+    from toolgym.eval import make_eval_vector_env
 
     try:
         check_writable(out)  # the file itself is replaced only once the first episode has finished
