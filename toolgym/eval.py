@@ -36,10 +36,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from toolgym.data.jsonl import JSONLStream, check_writable
 from toolgym.errors import InputFileError
 from toolgym.trajectory import Trajectory
 
@@ -291,78 +292,6 @@ def _draw_distinct(gen: Any, n: int, seed: int, name: str) -> list[dict[str, Any
     if len(out) < n:
         raise TaskSelectionError(f"{name}: only {len(out)} distinct tasks in {tries} draws; cannot select {n}")
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Streaming output
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    return str(obj)
-
-
-class JSONLStream:
-    """Writes JSONL rows one at a time, flushed, without ever emptying an existing file early: the first row goes
-    to a temporary file next to ``path`` that then atomically replaces it; later rows are appended.
-    Use as a context manager or call :meth:`close`. ``rows`` counts the rows written."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.fh: IO[str] | None = None
-        self.rows = 0
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        line = json.dumps(row, default=_json_default) + "\n"
-        if self.fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-            fh = open(tmp, "w", encoding="utf-8")  # noqa: SIM115 (kept open: later rows are appended)
-            try:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
-                os.replace(tmp, self.path)  # the handle stays valid: later rows land in self.path
-            except BaseException:
-                fh.close()
-                tmp.unlink(missing_ok=True)
-                raise
-            self.fh = fh
-        else:
-            self.fh.write(line)
-            self.fh.flush()
-        self.rows += 1
-
-    def close(self) -> None:
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
-
-    def __enter__(self) -> JSONLStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def check_writable(path: str | os.PathLike[str]) -> None:
-    """Raise ``OSError`` unless a file can be created next to ``path`` (checked before any model loads; the
-    target itself is left untouched)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    if p.is_dir():
-        raise IsADirectoryError(21, "is a directory", str(p))
-    probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
-    probe.open("w").close()
-    probe.unlink()
-    if p.exists() and not os.access(p, os.W_OK):
-        raise PermissionError(13, "permission denied", str(p))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -173,7 +173,11 @@ class TransformersPolicy:
         max_batch_size: split larger batches into chunks of this many rows (``None``: one call).
         return_logprobs: compute each sampled token's log-probability under the processed (temperature /
             top-p / top-k) distribution.
-        seed: seeds torch's RNG before each call (reproducible sampling; ``None`` leaves it alone).
+        seed: reproducible sampling. Requests that come from a driver (with their episode) are sampled
+            **per episode**: each row draws from its own generator seeded with ``(seed, episode index, turn)``, so
+            an episode's tokens do not depend on which other episodes share its batch (``--num-envs``,
+            schedule); other requests seed torch's RNG before each call (``seed + call index``). ``None``: torch's
+            global RNG, untouched.
     """
 
     concurrent = False
@@ -250,24 +254,34 @@ class TransformersPolicy:
             "return_dict_in_generate": True,
             "output_scores": self.return_logprobs,
         }
-        if self.do_sample:
+        sampler = None
+        if self.do_sample and self.seed is not None and all(r.episode is not None for r in requests):
+            # sample each row from its own seeded generator (inside a logits processor that also applies the
+            # temperature / top-k / top-p warpers, which generate() would otherwise run after it); generate()
+            # then "samples" the one token left
+            sampler = _PerEpisodeSampler(self, requests, device)
+            cfg.update(temperature=1.0, top_p=1.0, top_k=0)
+        elif self.do_sample:
             cfg.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         gen_config = GenerationConfig(**cfg)
-        if self.seed is not None:
+        if self.seed is not None and sampler is None:
             torch.manual_seed(self.seed + self.calls)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
                 out = self.model.generate(
-                    input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config
+                    input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config,
+                    **({"logits_processor": [sampler]} if sampler is not None else {}),
                 )
         finally:
             if was_training:
                 self.model.train()
         seqs = out.sequences[:, width:].cpu()
         lps = None
-        if self.return_logprobs and out.scores:
+        if sampler is not None and self.return_logprobs and sampler.logprobs:
+            lps = torch.stack(sampler.logprobs, dim=1).cpu()  # (B, T): under the warped distribution
+        elif self.return_logprobs and out.scores:
             scores = torch.stack([s.float().cpu() for s in out.scores], dim=1)  # (B, T, V)
             logp = torch.log_softmax(scores, dim=-1)
             lps = logp.gather(-1, seqs[:, : scores.size(1)].unsqueeze(-1)).squeeze(-1)  # (B, T)
@@ -281,6 +295,45 @@ class TransformersPolicy:
                 lp = [float(x) if math.isfinite(float(x)) else 0.0 for x in lps[i, : len(row)].tolist()]
             gens.append(Generation(row, lp, "stop" if stopped else "length"))
         return gens
+
+
+class _PerEpisodeSampler:
+    """A logits processor that samples row ``i`` with a generator seeded by ``(seed, episode index, turn)`` of its
+    request, after the policy's temperature / top-k / top-p, records the sampled token's log-probability and
+    leaves only that token possible (so generate's own sampling step returns it)."""
+
+    def __init__(self, policy: TransformersPolicy, requests: Sequence[GenerationRequest], device: Any) -> None:
+        import torch
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers = []
+        if policy.temperature not in (None, 1.0):
+            warpers.append(TemperatureLogitsWarper(policy.temperature))
+        if policy.top_k:
+            warpers.append(TopKLogitsWarper(policy.top_k))
+        if policy.top_p is not None and policy.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(policy.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.generators = []
+        for r in requests:
+            assert r.episode is not None
+            state = np.random.SeedSequence([int(policy.seed or 0), int(r.episode.index), int(r.episode.turn)])
+            g = torch.Generator(device=device)
+            g.manual_seed(int(state.generate_state(1, dtype=np.uint64)[0] >> 1))
+            self.generators.append(g)
+        self.logprobs: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        warped = self.warpers(input_ids, scores.float())
+        logp = torch.log_softmax(warped, dim=-1)
+        probs = logp.exp()
+        chosen = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(self.generators)])
+        self.logprobs.append(logp.gather(-1, chosen[:, None])[:, 0])
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(-1, chosen[:, None], 0.0)
+        return out
 
 
 class OpenAIPolicy:

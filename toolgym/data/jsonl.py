@@ -1,14 +1,15 @@
-"""JSON Lines reading shared by task files, trajectory files, corpora and replay logs."""
+"""JSON Lines reading shared by task files, trajectory files, corpora and replay logs, and :class:`JSONLStream`,
+the streaming writer of ``toolgym eval`` / ``rollout`` output (rows as they finish, never emptying a file early)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["iter_jsonl", "read_jsonl"]
+__all__ = ["JSONLStream", "check_writable", "iter_jsonl", "read_jsonl"]
 
 
 def iter_jsonl(
@@ -36,3 +37,78 @@ def iter_jsonl(
 def read_jsonl(path: str | os.PathLike[str], *, error: type[Exception] = ValueError) -> list[dict[str, Any]]:
     """Every JSON object of ``path`` (see :func:`iter_jsonl`)."""
     return [row for _, row in iter_jsonl(path, error=error)]
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):  # numpy scalars and arrays
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+class JSONLStream:
+    """Writes JSONL rows one at a time as they are produced, without ever emptying an existing file early.
+
+    The first row goes to a temporary file next to ``path``, which then atomically replaces ``path``; later rows
+    are appended to it. Each row is one unbuffered ``write`` of the whole line, so a killed process leaves complete
+    lines (a row is cut only if the kernel itself splits the write). Use as a context manager or call
+    :meth:`close`. ``rows`` counts the rows written. numpy values and objects with ``to_dict()`` are encoded.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.fh: Any = None
+        self.rows = 0
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = self.fh.write(view)
+            if not n:
+                raise OSError(f"cannot write to {self.path}")
+            view = view[n:]
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        data = (json.dumps(row, default=_json_default) + "\n").encode("utf-8")
+        if self.fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            self.fh = open(tmp, "ab", buffering=0)  # noqa: SIM115 (kept open: later rows are appended)
+            try:
+                self._write_all(data)
+                os.fsync(self.fh.fileno())
+                os.replace(tmp, self.path)  # the handle stays valid: later rows land in self.path
+            except BaseException:
+                self.fh.close()
+                self.fh = None
+                tmp.unlink(missing_ok=True)
+                raise
+        else:
+            self._write_all(data)
+        self.rows += 1
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+    def __enter__(self) -> JSONLStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise ``OSError`` unless a file can be created next to ``path`` (checked before any model loads; the
+    target itself is left untouched)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_dir():
+        raise IsADirectoryError(21, "is a directory", str(p))
+    probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
+    probe.open("w").close()
+    probe.unlink()
+    if p.exists() and not os.access(p, os.W_OK):
+        raise PermissionError(13, "permission denied", str(p))
