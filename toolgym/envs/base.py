@@ -47,7 +47,9 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         tokenizer: a Hugging Face tokenizer or a name/path; ``None`` = the embedded SmolLM2 tokenizer.
         chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
             tools, else toolgym's ChatML tool template).
-        parser: the tool-call format (``"hermes"``/``"qwen"``, ``"llama3"``, or a parser instance).
+        parser: the tool-call format: a registered name (vLLM's: ``"hermes"``, ``"llama3_json"``, ``"qwen3_coder"``,
+            ``"deepseek_v3"``, ``"openai"``, ``"mistral"``, ``"glm45"``, ``"gemma4"``, ...), a parser instance, or
+            ``"auto"`` (from the chat template; see docs/families.md).
         system_prompt: prepended as a system message (unless the task brings its own messages).
         max_turns: assistant turns per episode; reaching it with tool calls pending truncates the episode.
         max_episode_tokens: prompt + completion token budget; an observation that would cross it truncates.
@@ -71,7 +73,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         reward: RewardLike | None = None,
         tokenizer: Any = None,
         chat_template: str | None = None,
-        parser: str | ToolCallParser = "hermes",
+        parser: str | ToolCallParser = "auto",
         system_prompt: str | None = None,
         max_turns: int = 4,
         max_episode_tokens: int = 2048,
@@ -178,8 +180,6 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             index=len(traj.turns), action_start=a0, action_end=a1, obs_start=a1, obs_end=a1, text=text,
             content=parsed.content, reasoning=parsed.reasoning, calls=parsed.calls, cut=cut,
         )
-        for j, c in enumerate(turn.calls):
-            c.id = f"call_{turn.index}_{j}"
         traj.turns.append(turn)
 
         terminated = truncated = False
