@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
-from toolgym.format.parsers import ToolCallParser
+from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
 from toolgym.tools.base import Seconds, Tool
 from toolgym.tools.executor import ToolExecutor
@@ -32,8 +32,10 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def _template_renders_tools(tokenizer: Any) -> bool:
+    """The tokenizer's own template can carry an episode: it renders tools, or it is a known family's (e.g.
+    DeepSeek-V3's, which writes tool calls but never shows the tools: the chat format lists them itself)."""
     tmpl = getattr(tokenizer, "chat_template", None)
-    return isinstance(tmpl, str) and "tools" in tmpl and "tool" in tmpl
+    return isinstance(tmpl, str) and (("tools" in tmpl and "tool" in tmpl) or template_family(tmpl) is not None)
 
 
 class ToolEnv(gym.Env[np.ndarray, np.ndarray]):

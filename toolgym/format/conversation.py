@@ -22,6 +22,7 @@ split (:mod:`toolgym.format.textonly`), in the prompt, the observations and the 
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class _RenderCache:
     """Template renderings that depend only on the tokenizer, template, end-of-turn token and template variables."""
 
     verbatim: bool | None = None  # does the template insert tool contents verbatim (checked once with a probe)?
+    shows_tools: bool | None = None  # does the template show the ``tools`` it is given?
     skeletons: dict[tuple[str, ...], str] = field(default_factory=dict)  # tool names -> delta with placeholders
     frame_lens: dict[tuple[str, ...], int] = field(default_factory=dict)  # tool names -> tokens besides contents
 
@@ -152,6 +154,29 @@ class ChatFormat:
         )
         return text, spans
 
+    def with_tools_listed(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """``messages``, with the tool specs listed in the system message when the template does not show the
+        ``tools`` it is given (DeepSeek-V3's template writes tool calls but never lists tools); else unchanged."""
+        msgs = [dict(m) for m in messages]
+        if not tools:
+            return msgs
+        if self._cache.shows_tools is None:
+            probe = {"type": "function", "function": {"name": "toolgym_probe_fn", "description": "d",
+                                                       "parameters": {"type": "object", "properties": {}}}}
+            self._cache.shows_tools = "toolgym_probe_fn" in self.render([{"role": "user", "content": "u"}], [probe])
+        if self._cache.shows_tools:
+            return msgs
+        listing = "# Tools\n\nYou can call these functions (JSON schemas):\n" + "\n".join(
+            json.dumps(t, ensure_ascii=False) for t in tools
+        )
+        if msgs and msgs[0].get("role") == "system" and isinstance(msgs[0].get("content"), str):
+            msgs[0]["content"] = f"{msgs[0]['content']}\n\n{listing}" if msgs[0]["content"] else listing
+        else:
+            msgs.insert(0, {"role": "system", "content": listing})
+        return msgs
+
     def close_id(self, parsed: ParsedTurn) -> int:
         """The token id closing a turn cut by its budget (per family: e.g. GLM closes a call turn with
         ``<|observation|>``, harmony with ``<|call|>``)."""
@@ -184,7 +209,8 @@ class ChatFormat:
         contents verbatim (checked once with a probe), the rendering is cached per tuple of tool names and
         contents are substituted, so a step costs no template rendering.
         """
-        key = tuple(str(m.get("name", "")) for m in tool_messages)
+        # call ids are part of the key: some templates render them (Mistral's [TOOL_RESULTS]ID[TOOL_CONTENT])
+        key = tuple(f"{m.get('name', '')}\x00{m.get('tool_call_id', '')}" for m in tool_messages)
         if self._cache.verbatim is None:
             self._cache.verbatim = self._check_verbatim()
         if self._cache.verbatim:
@@ -212,7 +238,7 @@ class ChatFormat:
         """Tokens an observation for tool results named ``names`` has besides their contents (cached)."""
         n = self._cache.frame_lens.get(names)
         if n is None:
-            msgs = [self.tool_message(name, "") for name in names]
+            msgs = [self.tool_message(name, "", self.parser.call_id(0, i)) for i, name in enumerate(names)]
             n = self._cache.frame_lens[names] = len(self.encode(self.tool_delta_spans(msgs)[0]))
         return n
 
@@ -246,7 +272,7 @@ class ChatFormat:
         return delta
 
     def _check_verbatim(self) -> bool:
-        probe = [{"role": "tool", "name": "probe", "content": _PROBE}]
+        probe = [self.tool_message("probe", _PROBE, self.parser.call_id(0, 0))]
         real = self._render_delta(probe)
         skel = self._render_delta([{**probe[0], "content": _PLACEHOLDER.format(0)}])
         return skel.count(_PLACEHOLDER.format(0)) == 1 and skel.replace(_PLACEHOLDER.format(0), _PROBE) == real
@@ -279,9 +305,9 @@ class Conversation:
         self.fmt = fmt
         self.tools = list(tools)
         fmt.parser.set_tools(self.tools)
-        self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
+        self.messages: list[dict[str, Any]] = fmt.with_tools_listed(messages, self.tools)
         # what the template renders for the history (differs from ``messages`` for structured-history families)
-        self.template_messages: list[dict[str, Any]] = [dict(m) for m in messages]
+        self.template_messages: list[dict[str, Any]] = [dict(m) for m in self.messages]
         self.prompt_text, spans = fmt.render_outside(self.messages, self.tools, add_generation_prompt=True)
         self.prompt_ids: list[int] = fmt.encode_outside(self.prompt_text, spans)
         self.completion_ids: list[int] = []

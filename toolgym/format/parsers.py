@@ -39,6 +39,7 @@ __all__ = [
     "ParsedTurn",
     "ToolCallParser",
     "detect_parser",
+    "template_family",
     "get_parser",
     "list_parsers",
     "register_parser",
@@ -153,6 +154,14 @@ def get_parser(name: str | ToolCallParser) -> ToolCallParser:
 
 def list_parsers() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def template_family(chat_template: str | None) -> str | None:
+    """The registered parser name whose template markers are in ``chat_template``, or ``None``."""
+    try:
+        return detect_parser(chat_template)
+    except ValueError:
+        return None
 
 
 def detect_parser(chat_template: str | None) -> str:
