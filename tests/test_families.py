@@ -125,7 +125,7 @@ class Recorder:
         return self.env.format.encode(tok)[0] if tok else self.env.format.eot_id
 
     def send(self, text: str, calls: bool):
-        ids = self.env.format.encode(text) + [self.stop_id(calls)]
+        ids = [*self.env.format.encode(text), self.stop_id(calls)]
         obs, r, te, tr, info = self.env.step(np.asarray(ids, dtype=np.int64))
         self.completion += ids + obs.tolist()
         self.mask += [1] * len(ids) + [0] * len(obs)

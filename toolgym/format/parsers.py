@@ -39,10 +39,10 @@ __all__ = [
     "ParsedTurn",
     "ToolCallParser",
     "detect_parser",
-    "template_family",
     "get_parser",
     "list_parsers",
     "register_parser",
+    "template_family",
 ]
 
 _THINK = re.compile(r"<think>.*?(</think>|\Z)", re.DOTALL)
