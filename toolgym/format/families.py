@@ -477,6 +477,7 @@ class Gemma4Parser(_Guarded):
 # -- GPT-OSS harmony --------------------------------------------------------------------------------
 _H_END = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
 _H_RECIPIENT = re.compile(r"to=([^\s<]+)")
+_H_ROLE = re.compile(r"\s*([A-Za-z_][\w.]*)")
 _H_CHANNEL = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 
 
@@ -508,10 +509,12 @@ class HarmonyParser(_Guarded):
         calls: list[ToolCall] = []
         for k, chunk in enumerate(chunks):
             if k > 0:
-                role, _, chunk = chunk.partition("assistant")
-                if role.strip():
-                    calls.append(ToolCall("", raw=chunk, parse_error=f"a harmony message from {role.strip()!r} in an assistant turn"))
+                m = _H_ROLE.match(chunk)
+                role = m.group(1) if m else ""
+                if role != "assistant":
+                    calls.append(ToolCall("", raw=chunk, parse_error=f"a harmony message from {role!r} in an assistant turn"))
                     continue
+                chunk = chunk[m.end() :] if m else chunk
             if not chunk.strip():
                 continue
             header, sep, body = chunk.partition("<|message|>")
