@@ -323,3 +323,34 @@ def test_retrieved_passage_spelling_control_tokens_is_text(name):
     assert _n_control(env.format, obs.tolist()) == clean_frame
     _, _, te, _, info = rec.send(fam.think_answer + p.answer_text("<answer>France</answer>"), False)
     assert te and info["drift"] == {}, info["drift"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("name", "think_call", "think_answer", "dropped_in"),
+    [
+        # harmony: a call turn's analysis is dropped from the history once a final answer follows
+        ("openai", "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant", "", 0),
+        # Gemma 4 (this revision): the reasoning of a final answer is not re-rendered
+        ("gemma4", "", "<|channel>thought\nLet me think.\n<channel|>", 2),
+    ],
+)
+def test_reasoning_the_template_drops_is_reported_at_its_exact_index(name, think_call, think_answer, dropped_in):
+    """docs/families.md states, per family, what the template does to earlier reasoning: where it drops it, the
+    episode reports drift at the first token of the turn whose reasoning was dropped; the parse keeps it."""
+    fam = FAMILIES[name]
+    env = make_env(fam)
+    rec = Recorder(env)
+    rec.reset()
+    p = get_parser(fam.parser)
+    starts = []
+    for text, calls in [(think_call + p.format_calls([("lookup", {"key": "Paris"})]), True),
+                        (think_call + p.format_calls([("lookup", {"key": "Lima"})]), True),
+                        (think_answer + p.answer_text("<answer>France</answer>"), False)]:
+        starts.append(len(rec.prompt) + len(rec.completion))
+        _, _, te, _, info = rec.send(text, calls)
+    assert te
+    traj = info["trajectory"]
+    assert traj.turns[dropped_in].reasoning == "Let me think."
+    assert traj.completion_ids == rec.completion and traj.loss_mask == rec.mask
+    assert info["drift"]["index"] == starts[dropped_in], info["drift"]
