@@ -43,7 +43,8 @@ class ControlTokens:
     """
 
     def __init__(self, tokenizer: Any, chat_template: str | None) -> None:
-        self.backend = tokenizer.backend_tokenizer
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)  # None: a slow tokenizer (see encode)
+        self._tok = weakref.ref(tokenizer) if self.backend is None else None
         template = chat_template or ""
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self.texts: dict[str, int] = {}
@@ -88,6 +89,8 @@ class ControlTokens:
 
     def encode(self, text: str, spans: Sequence[Span]) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS added) where no control token is matched inside ``spans``."""
+        if self.backend is None:
+            return self._encode_slow(text, spans)
         enc = self.backend.encode(text, add_special_tokens=False)
         ids = enc.ids
         if not spans or self.ids.isdisjoint(ids):
@@ -115,6 +118,29 @@ class ControlTokens:
             pos = e
         if pos < len(text):
             out.extend(plain.encode(text[pos:], add_special_tokens=False).ids)
+        return out
+
+
+    def _encode_slow(self, text: str, spans: Sequence[Span]) -> list[int]:
+        """A slow (Python) tokenizer: control-token texts outside ``spans`` are the template's; the pieces between
+        them are encoded with ``split_special_tokens=True`` (non-special added tokens may still match there)."""
+        tok = self._tok() if self._tok is not None else None
+        if tok is None:  # pragma: no cover - the tokenizer is alive while its chat format is
+            raise RuntimeError("the tokenizer of these control tokens was garbage-collected")
+        if not spans or self.pattern is None:
+            return tok.encode(text, add_special_tokens=False)
+        out: list[int] = []
+        pos = 0
+        for m in self.pattern.finditer(text):
+            s, e = m.span()
+            if any(s < b and a < e for a, b in spans):
+                continue
+            if s > pos:
+                out.extend(tok.encode(text[pos:s], add_special_tokens=False, split_special_tokens=True))
+            out.append(self.texts[m.group(0)])
+            pos = e
+        if pos < len(text):
+            out.extend(tok.encode(text[pos:], add_special_tokens=False, split_special_tokens=True))
         return out
 
 
