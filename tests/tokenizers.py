@@ -9,8 +9,8 @@ Each builder runs once per process (``functools.cache``) and returns a shared
   with TRL's copy of Qwen's chat template. **A turn ends with ``<|im_end|>``** (``eos_token``); pad is
   ``<|endoftext|>``. No bos token; nothing is added when encoding.
 * :func:`llama3_tokenizer` - Llama 3.1 chat framing (TRL's copy of ``llama3_1.jinja``) over a stand-in
-  vocabulary: the real Llama 3 ranks are not available offline, so the Qwen BPE ranks are used with Llama 3's
-  special tokens appended (in Llama's order, so ``id - 151643`` equals Llama's ``id - 128000``).
+  vocabulary (kept for the invariant tests; ``npm_tokenizer("llama3_1")`` below is the real one): the Qwen BPE
+  ranks with Llama 3's special tokens appended (in Llama's order, so ``id - 151643`` equals Llama's ``id - 128000``).
   **A turn ends with ``<|eot_id|>``** (``eos_token``; ``<|eom_id|>`` ends a built-in-tool turn). bos is
   ``<|begin_of_text|>``, pad ``<|finetune_right_pad_id|>``.
 
