@@ -48,7 +48,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float``.
         tokenizer: a Hugging Face tokenizer or a name/path; ``None`` = the embedded SmolLM2 tokenizer.
         chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
-            tools, else toolgym's ChatML tool template).
+            tools or is a known family's, else toolgym's ChatML tool template).
         parser: the tool-call format: a registered name (vLLM's: ``"hermes"``, ``"llama3_json"``, ``"qwen3_coder"``,
             ``"deepseek_v3"``, ``"openai"``, ``"mistral"``, ``"glm45"``, ``"gemma4"``, ...), a parser instance, or
             ``"auto"`` (from the chat template; see docs/families.md).

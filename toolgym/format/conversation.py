@@ -117,6 +117,15 @@ class ChatFormat:
             self._cache = _SHARED.setdefault(tok, {}).setdefault(key, _RenderCache())
         except TypeError:  # a tokenizer that cannot be weakly referenced or hashed: a cache of its own
             self._cache = _RenderCache()
+        if self._cache.verbatim is None:  # frame a tool turn once now: a template/tokenizer mismatch fails here
+            try:
+                self._cache.verbatim = self._check_verbatim()
+            except ValueError as e:
+                raise ValueError(
+                    f"this chat template cannot frame a tool turn with end-of-turn token {self.eot_token!r} "
+                    f"(parser {self.parser.name!r}): {e}. Pass a chat_template written in this tokenizer's own "
+                    "tokens (see docs/families.md), or eot_token=/parser= explicitly"
+                ) from e
 
     # -- rendering --------------------------------------------------------------------------------
     def render(
