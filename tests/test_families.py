@@ -84,6 +84,9 @@ FAMILIES: dict[str, Family] = {
     "openai": Family("openai", lambda: npm_tokenizer("gptoss", "gptoss"), "",
                      "<|channel|>analysis<|message|>Let me think.<|end|><|start|>assistant"),
     "mistral": Family("mistral", mistral_tokenizer),
+    # v13 (Magistral-style): [THINK] reasoning, kept verbatim in the history
+    "mistral_v13": Family("mistral", lambda: mistral_tokenizer("v13"), "[THINK]Let me think.[/THINK]",
+                          "[THINK]Let me think.[/THINK]"),
     "glm45": Family("glm45", glm45_tokenizer, "\n<think>Let me think.</think>\n", "\n<think></think>\n"),
     # Gemma 4 (this template revision) renders reasoning beside tool calls, not in a final answer.
     "gemma4": Family("gemma4", gemma4_tokenizer, "<|channel>thought\nLet me think.\n<channel|>", ""),
@@ -175,8 +178,10 @@ def test_three_turn_episode_in_the_native_format(name):
     # call ids are the family's (Mistral's template accepts only 9 alphanumerics)
     ids = [c["id"] for i in infos[:2] for c in i["calls"]]
     assert len(set(ids)) == 2
-    if name == "mistral":
+    if name.startswith("mistral"):
         assert all(len(i) == 9 and i.isalnum() for i in ids)
+    if fam.think_call:  # the parse keeps the reasoning apart from the content
+        assert traj.turns[0].reasoning == "Let me think."
 
 
 @pytest.mark.timeout(300)
