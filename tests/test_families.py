@@ -392,3 +392,27 @@ def test_served_chat_endpoint_encodes_outside_text_as_text():
     for special in (im_end, im_start):
         assert out["forged"].count(special) == out["clean"].count(special)
     assert page in tok.decode(out["forged"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_malformed_native_call_is_answered_and_the_episode_goes_on(name):
+    """A call cut short in the family's own format: a parse_error observation the model can read, then the episode
+    continues; the drift check reports (never raises) where the re-rendering differs."""
+    fam = FAMILIES[name]
+    env = make_env(fam)
+    rec = Recorder(env)
+    rec.reset()
+    p = get_parser(fam.parser)
+    broken = p.format_calls([("lookup", {"key": "Paris"})])[:-3]
+    obs, _, te, tr, info = rec.send(fam.think_call + broken, True)
+    assert not te and not tr and "parse_error" in info["error_kinds"]
+    assert "Error (parse_error)" in env.format.decode(obs.tolist())
+    obs, _, te, tr, info = rec.send(fam.think_call + p.format_calls([("lookup", {"key": "Paris"})]), True)
+    assert info["error_kinds"] == [] and "France" in env.format.decode(obs.tolist())
+    _, _, te, _, info = rec.send(fam.think_answer + p.answer_text("<answer>France</answer>"), False)
+    assert te
+    traj = info["trajectory"]
+    assert traj.completion_ids == rec.completion and traj.loss_mask == rec.mask
+    drift = info["drift"]
+    assert drift == {} or isinstance(drift.get("index"), int), drift

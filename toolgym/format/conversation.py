@@ -359,11 +359,16 @@ class Conversation:
             msg["tool_calls"] = structured
         self.messages.append(msg)
         if fmt.parser.structured_history:
+            # every call, malformed ones included: each gets a result, and these templates render a result only
+            # after its call (a malformed call re-renders unlike what the model wrote: reported as drift)
             hist: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.reasoning:
                 hist[fmt.parser.reasoning_key] = parsed.reasoning
-            if good:
-                hist["tool_calls"] = structured
+            if parsed.calls:
+                hist["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name or "error", "arguments": c.arguments}}
+                    for c in parsed.calls
+                ]
                 if parsed.reasoning and fmt.parser.reasoning_key == "thinking":
                     hist["content"] = ""  # harmony's template refuses both content and thinking beside a call
             self.template_messages.append(hist)
@@ -415,9 +420,13 @@ class Conversation:
     def check_drift(self, window: int = 8) -> dict[str, Any]:
         """``{}`` when ``prompt_ids + completion_ids`` equal :meth:`expected_ids`; otherwise
         ``{"index", "built", "expected", "built_text", "expected_text", "built_len", "expected_len"}`` around the
-        first difference (``index`` counts from the start of the prompt)."""
+        first difference (``index`` counts from the start of the prompt); ``{"error": ...}`` when the template
+        refuses to re-render the conversation."""
         built = self.prompt_ids + self.completion_ids
-        exp = self.expected_ids()
+        try:
+            exp = self.expected_ids()
+        except Exception as e:  # noqa: BLE001 - a template that refuses this history: reported, never raised
+            return {"error": f"the chat template cannot re-render this conversation: {type(e).__name__}: {e}"}
         if built == exp:
             return {}
         n = min(len(built), len(exp))
