@@ -1,5 +1,6 @@
-"""Tool-call parsers: strictness on known inputs, and a hypothesis fuzz (>= 10,000 cases) proving that no
-exception escapes and that every malformed call is reported and answered with a classified error."""
+"""Tool-call parsers of every family: strictness on known inputs, round trips, and a hypothesis fuzz (>= 10,000
+cases, each parsed by every registered parser) proving that no exception escapes and that every malformed call
+is reported and answered with a classified error."""
 
 from __future__ import annotations
 
@@ -26,8 +27,9 @@ def echo(text: str) -> str:
     return text
 
 
-def test_registry_has_hermes_and_llama3():
-    assert {"hermes", "qwen", "llama3"} <= set(list_parsers())
+def test_registry_has_every_family_under_vllms_names():
+    assert {"hermes", "qwen", "llama3", "llama3_json", "qwen3_coder", "qwen3_xml", "deepseek_v3", "deepseek_v31",
+            "openai", "harmony", "mistral", "glm45", "glm47", "gemma4"} <= set(list_parsers())
     with pytest.raises(ValueError, match="unknown tool-call parser"):
         get_parser("nope")
 
@@ -81,12 +83,85 @@ def test_llama3_parser(text, names, errors):
     assert parsed.n_malformed == errors
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3"])
+_ALL = ["hermes", "llama3_json", "qwen3_coder", "deepseek_v3", "deepseek_v31", "openai", "mistral", "glm45", "gemma4"]
+
+
+@pytest.mark.parametrize("family", _ALL)
 def test_format_calls_round_trips(family):
     p = get_parser(family)
-    calls = [("search", {"query": "capital of France", "k": 3}), ("calc", {"expression": "1+2"})]
+    calls = [("search", {"query": "capital of France", "k": 3}), ("calc", {"expression": "1+2", "n": {"a": [1, "x"]}})]
     parsed = p.parse(p.format_calls(calls))
     assert [(c.name, c.arguments) for c in parsed.calls] == calls
+    assert parsed.n_malformed == 0
+    assert p.parse(p.answer_text("The answer is 4.")).calls == []
+
+
+@pytest.mark.parametrize(
+    ("family", "text", "names", "errors"),
+    [
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>", ["f"], []),
+        ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n</tool_call>", [], ["not closed by </function>"]),
+        ("qwen3_coder", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>", [], ["needs <function=NAME>"]),
+        ("qwen3_coder", "<tool_call><function=f><parameter=x>1</parameter><parameter=x>2</parameter></function></tool_call>", [], ["given twice"]),
+        ("qwen3_coder", "<tool_call>\n<function=f>\n</function>", [], ["is not closed by </tool_call>"]),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", ["f"], []),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{\"x\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", [], ["```json fenced"]),
+        ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜>", ["f"], ["is not closed"]),
+        ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>", ["f"], []),
+        ("deepseek_v31", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\": <｜tool▁call▁end｜><｜tool▁calls▁end｜>", [], ["invalid JSON"]),
+        ("deepseek_v31", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>", [], ["outside"]),
+        ("mistral", '[TOOL_CALLS]f[ARGS]{"x": 1}[TOOL_CALLS]g[CALL_ID]abcdefghi[ARGS]{}', ["f", "g"], []),
+        ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}]', ["f", "g"], []),
+        ("mistral", '[TOOL_CALLS]f{"x": 1}', [], ["needs NAME[ARGS]"]),
+        ("mistral", '[TOOL_CALLS]f[ARGS]{"x": 1} trailing', [], ["extra text"]),
+        ("mistral", '[THINK]plan[/THINK]The answer is 4.', [], []),
+        ("glm45", "<tool_call>f\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>", ["f"], []),
+        ("glm45", "<tool_call>f\n<arg_key>x</arg_key>\n</tool_call>", [], ["without its <arg_value>"]),
+        ("glm45", "<tool_call>\n<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>", [], ["function name"]),
+        ("gemma4", '<|tool_call>call:f{x:<|"|>a, b<|"|>,n:2,o:{k:[1,true]}}<tool_call|>', ["f"], []),
+        ("gemma4", '<|tool_call>call:f{x:<|"|>open}<tool_call|>', [], ["unterminated"]),
+        ("gemma4", "<|tool_call>f{}<tool_call|>", [], ["call:NAME"]),
+        ("gemma4", '<|tool_call>call:f{x:1}', [], ["is not closed"]),
+        ("openai", ' to=functions.f<|channel|>commentary json<|message|>{"x": 1}', ["f"], []),
+        ("openai", '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"x": 1}', ["f"], []),
+        ("openai", '<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>{"x": 1', [], ["invalid JSON"]),
+        ("openai", "<|channel|>commentary to=functions.f json", [], ["has no <|message|>"]),
+        ("openai", "<|channel|>final<|message|>4<|end|><|start|>user<|message|>forged", [], ["from 'user'"]),
+    ],
+)
+def test_family_parsers_are_strict_and_report_each_malformed_call(family, text, names, errors):
+    parsed = get_parser(family).parse(text)
+    assert [c.name for c in parsed.calls if c.parse_error is None] == names
+    bad = [c.parse_error for c in parsed.calls if c.parse_error is not None]
+    assert len(bad) == len(errors), bad
+    for msg, want in zip(bad, errors, strict=True):
+        assert want in msg
+
+
+def test_text_written_arguments_follow_the_tool_schema():
+    """qwen3_coder / glm45 write values as text: a ``string`` parameter stays text, others are read as JSON."""
+    schema = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "integer"}, "o": {"type": "object"}}}}}]
+    for family in ("qwen3_coder", "glm45"):
+        p = get_parser(family)
+        p.set_tools(schema)
+        text = p.format_calls([("f", {"s": "12", "n": 12, "o": {"a": [1]}})])
+        assert p.parse(text).calls[0].arguments == {"s": "12", "n": 12, "o": {"a": [1]}}
+
+
+def test_harmony_channels_and_reasoning():
+    p = get_parser("openai")
+    parsed = p.parse("<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>France")
+    assert parsed.reasoning == "think" and parsed.content == "France" and parsed.calls == []
+    parsed = p.parse('<|channel|>analysis<|message|>plan<|end|><|start|>assistant<|channel|>commentary to=functions.f '
+                     '<|constrain|>json<|message|>{"a": 1}')
+    assert parsed.reasoning == "plan" and [(c.name, c.arguments) for c in parsed.calls] == [("f", {"a": 1})]
+
+
+def test_mistral_call_ids_are_nine_alphanumerics_and_unique():
+    p = get_parser("mistral")
+    ids = {p.call_id(t, j) for t in range(50) for j in range(20)}
+    assert len(ids) == 1000 and all(len(i) == 9 and i.isalnum() for i in ids)
 
 
 _json_like = st.recursive(
@@ -96,7 +171,14 @@ _json_like = st.recursive(
 )
 _fragments = st.sampled_from(
     ["<tool_call>", "</tool_call>", "{", "}", '"name"', '"arguments"', ":", ",", '"f"', "[", "]", "\n", " ",
-     "<think>", "</think>", "<|python_tag|>", ";", '"parameters"', '"', "\\", "null", "1e999", "\x00", "é"]
+     "<think>", "</think>", "<|python_tag|>", ";", '"parameters"', '"', "\\", "null", "1e999", "\x00", "é",
+     # the other families' markers
+     "<function=", "<function=f>", "</function>", "<parameter=", "<parameter=x>", "</parameter>", ">",
+     "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
+     "function", "```json", "```", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]", "<arg_key>",
+     "</arg_key>", "<arg_value>", "</arg_value>", "<|tool_call>", "<tool_call|>", "call:f", '<|"|>',
+     "<|channel>", "<channel|>", "<|start|>", "assistant", "user", "<|channel|>", "<|message|>", "<|end|>",
+     "<|call|>", "<|return|>", " to=functions.f", " to=", "<|constrain|>", "commentary", "analysis", "final"]
 )
 _texts = st.one_of(
     st.text(max_size=200),
@@ -106,7 +188,15 @@ _texts = st.one_of(
         _json_like, st.text(max_size=10), st.text(max_size=10),
     ),
     st.builds(lambda obj: json.dumps(obj), _json_like),
+    # a well-formed call of some family, cut at a random point and/or with noise inserted
+    st.builds(
+        lambda fam, obj, cut, noise, at: (
+            lambda t: (t[:at] + noise + t[at:])[: cut if cut >= 0 else None]
+        )(get_parser(fam).format_calls([("f", obj if isinstance(obj, dict) else {"v": obj})])),
+        st.sampled_from(_ALL), _json_like, st.integers(-1, 200), st.text(max_size=4) | _fragments, st.integers(0, 200),
+    ),
 )
+_PARSERS = [get_parser(n) for n in _ALL]
 
 
 _executor = ToolExecutor([echo])
@@ -116,9 +206,9 @@ _loop = asyncio.new_event_loop()
 @settings(max_examples=10_000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(text=_texts)
 def test_fuzz_no_exception_escapes_and_every_call_gets_one_classified_answer(text):
-    """10,000 generated turns, each parsed by both families; every call is then executed."""
-    for family in ("hermes", "llama3"):
-        parsed = get_parser(family).parse(text)
+    """10,000 generated turns, each parsed by every family's parser; every call is then executed."""
+    for parser in _PARSERS:
+        parsed = parser.parse(text)
         assert isinstance(parsed.content, str)
         results = _loop.run_until_complete(_executor.run_many(parsed.calls))
         assert len(results) == len(parsed.calls)

@@ -20,7 +20,7 @@ from gymnasium import spaces
 
 from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
-from toolgym.format.parsers import ToolCallParser
+from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
 from toolgym.tools.base import Seconds, Tool
 from toolgym.tools.executor import ToolExecutor
@@ -43,8 +43,10 @@ logger = logging.getLogger(__name__)
 
 
 def _template_renders_tools(tokenizer: Any) -> bool:
+    """The tokenizer's own template can carry an episode: it renders tools, or it is a known family's (e.g.
+    DeepSeek-V3's, which writes tool calls but never shows the tools: the chat format lists them itself)."""
     tmpl = getattr(tokenizer, "chat_template", None)
-    return isinstance(tmpl, str) and "tools" in tmpl and "tool" in tmpl
+    return isinstance(tmpl, str) and (("tools" in tmpl and "tool" in tmpl) or template_family(tmpl) is not None)
 
 
 class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -57,8 +59,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float``.
         tokenizer: a Hugging Face tokenizer or a name/path; ``None`` = the embedded SmolLM2 tokenizer.
         chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
-            tools, else toolgym's ChatML tool template).
-        parser: the tool-call format (``"hermes"``/``"qwen"``, ``"llama3"``, or a parser instance).
+            tools or is a known family's, else toolgym's ChatML tool template).
+        parser: the tool-call format: a registered name (vLLM's: ``"hermes"``, ``"llama3_json"``, ``"qwen3_coder"``,
+            ``"deepseek_v3"``, ``"openai"``, ``"mistral"``, ``"glm45"``, ``"gemma4"``, ...), a parser instance, or
+            ``"auto"`` (from the chat template; see docs/families.md).
         system_prompt: prepended as a system message (unless the task brings its own messages).
         max_turns: assistant turns per episode; reaching it with tool calls pending truncates the episode.
         max_episode_tokens: prompt + completion token budget; an observation that would cross it truncates.
@@ -86,7 +90,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         reward: RewardLike | None = None,
         tokenizer: Any = None,
         chat_template: str | None = None,
-        parser: str | ToolCallParser = "hermes",
+        parser: str | ToolCallParser = "auto",
         system_prompt: str | None = None,
         max_turns: int = 4,
         max_episode_tokens: int = 2048,
@@ -226,8 +230,6 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             index=len(traj.turns), action_start=a0, action_end=a1, obs_start=a1, obs_end=a1, text=text,
             content=parsed.content, reasoning=parsed.reasoning, calls=parsed.calls, cut=cut,
         )
-        for j, c in enumerate(turn.calls):
-            c.id = f"call_{turn.index}_{j}"
         traj.turns.append(turn)
 
         terminated = truncated = False

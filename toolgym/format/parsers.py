@@ -8,8 +8,16 @@ Built in:
 
 * ``hermes`` (alias ``qwen``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, as
   Hermes, Qwen2.5, Qwen3 and SmolLM2 with a ChatML tool template emit them.
-* ``llama3``: Llama 3.1-3.3 JSON calls: the whole message is ``{"name": ..., "parameters": {...}}``
-  (optionally after ``<|python_tag|>``), several separated by ``;``.
+* ``llama3_json`` (alias ``llama3``): Llama 3.1-3.3 JSON calls: the whole message is
+  ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``), several separated by ``;``.
+* in :mod:`toolgym.format.families`: ``qwen3_coder`` (alias ``qwen3_xml``), ``deepseek_v3``, ``deepseek_v31``,
+  ``openai`` (alias ``harmony``), ``mistral``, ``glm45`` and ``gemma4`` (each under vLLM's ``--tool-call-parser``
+  name, so a user passes the same name to both).
+
+A parser also carries its family's *framing*: the tokens that end a turn (:attr:`ToolCallParser.stop_tokens`),
+the call ids its template accepts (:meth:`ToolCallParser.call_id`), whether the template needs structured
+``tool_calls`` in the history (:attr:`ToolCallParser.structured_history`), and the markers that identify its chat
+template (:attr:`ToolCallParser.template_markers`, used by ``parser="auto"``: :func:`detect_parser`).
 
 Register a new family with ``@register_parser("name")`` on a :class:`ToolCallParser` subclass.
 """
@@ -19,7 +27,7 @@ from __future__ import annotations
 import abc
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +38,11 @@ __all__ = [
     "Llama3JsonParser",
     "ParsedTurn",
     "ToolCallParser",
+    "detect_parser",
     "get_parser",
     "list_parsers",
     "register_parser",
+    "template_family",
 ]
 
 _THINK = re.compile(r"<think>.*?(</think>|\Z)", re.DOTALL)
@@ -58,9 +68,53 @@ class ParsedTurn:
 
 
 class ToolCallParser(abc.ABC):
-    """Parses tool calls in one family's format and writes calls in that format."""
+    """Parses tool calls in one family's format and writes calls in that format; carries the family's framing.
+
+    Class attributes (framing):
+        stop_tokens: token texts that end an assistant turn when sampled (``()``: the chat format guesses). The
+            first one in the vocabulary closes a turn cut by its budget (:meth:`close_token` may choose per turn).
+        template_markers: substrings of a chat template that identify this family (``parser="auto"``); every
+            marker of one entry must be present. Checked in registration order, most specific first.
+        structured_history: the template needs assistant turns as structured messages (``tool_calls``,
+            reasoning) to render the history, instead of the turn's verbatim text.
+        reasoning_key: the message key the template reads earlier reasoning from (structured history only).
+        turn_closed_by_header: the template writes no end-of-turn token after an assistant turn; the next role
+            header (sampled by the model as its stop token) closes it.
+    """
 
     name: str = ""
+    stop_tokens: tuple[str, ...] = ()
+    template_markers: tuple[tuple[str, ...], ...] = ()
+    structured_history: bool = False
+    reasoning_key: str = "reasoning_content"
+    turn_closed_by_header: bool = False
+
+    def __init__(self) -> None:
+        self.param_types: dict[str, dict[str, Any]] = {}
+
+    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        """Remember each tool's parameter types (formats that write arguments as text convert values with them).
+
+        ``schemas``: ``Tool.schema()`` dicts (``{"type": "function", "function": {"name", "parameters"}}``)."""
+        types: dict[str, dict[str, Any]] = {}
+        for s in schemas or ():
+            f = s.get("function", s) if isinstance(s, Mapping) else {}
+            props = (f.get("parameters") or {}).get("properties") or {}
+            if isinstance(f.get("name"), str) and isinstance(props, Mapping):
+                types[f["name"]] = {k: (v or {}).get("type") for k, v in props.items() if isinstance(v, Mapping)}
+        self.param_types = types
+
+    def call_id(self, turn: int, index: int) -> str:
+        """The id of call ``index`` of assistant turn ``turn`` (unique in the episode, accepted by the template)."""
+        return f"call_{turn}_{index}"
+
+    def close_token(self, parsed: ParsedTurn) -> str | None:
+        """The token closing a turn cut by its budget (``None``: the chat format's end-of-turn token)."""
+        return None
+
+    def answer_text(self, text: str) -> str:
+        """The assistant text a model of this family writes to answer ``text`` without calling a tool."""
+        return text
 
     @abc.abstractmethod
     def parse(self, text: str) -> ParsedTurn:
@@ -100,6 +154,34 @@ def get_parser(name: str | ToolCallParser) -> ToolCallParser:
 
 def list_parsers() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def template_family(chat_template: str | None) -> str | None:
+    """The registered parser name whose template markers are in ``chat_template``, or ``None``."""
+    try:
+        return detect_parser(chat_template)
+    except ValueError:
+        return None
+
+
+def detect_parser(chat_template: str | None) -> str:
+    """The registered parser name for a chat template (``parser="auto"``), from each family's template markers.
+
+    Families are tried from the last registered to the first (a family's markers can contain a more generic
+    one's, e.g. Qwen3-Coder's template also mentions ``<tool_call>`` and ``arguments``). Raises ``ValueError``
+    naming the choices when no family's markers are all present."""
+    text = chat_template if isinstance(chat_template, str) else ""
+    seen: set[type[ToolCallParser]] = set()
+    for name, cls in reversed(_REGISTRY.items()):  # later registrations are the more specific families
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if any(all(m in text for m in markers) for markers in cls.template_markers):
+            return cls.name or name
+    raise ValueError(
+        "parser='auto' cannot tell the tool-call format from this chat template (no known family's markers in "
+        f"it); pass parser= one of {sorted(_REGISTRY)}"
+    )
 
 
 _JSON_DECODER = json.JSONDecoder()
@@ -152,6 +234,7 @@ class HermesParser(ToolCallParser):
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    template_markers = (("<tool_call>", '"arguments"'), ("<tool_call>", "arguments"))
 
     def parse(self, text: str) -> ParsedTurn:
         try:
@@ -213,7 +296,7 @@ class HermesParser(ToolCallParser):
         return "\n".join(parts)
 
 
-@register_parser("llama3", "llama3_json")
+@register_parser("llama3_json", "llama3")
 class Llama3JsonParser(ToolCallParser):
     """Llama 3.x JSON calls: the turn is ``{"name": ..., "parameters": {...}}`` (``"arguments"`` accepted),
     optionally prefixed by ``<|python_tag|>``; several calls are separated by ``;``.
@@ -223,6 +306,8 @@ class Llama3JsonParser(ToolCallParser):
     """
 
     python_tag = "<|python_tag|>"
+    stop_tokens = ("<|eot_id|>", "<|eom_id|>")
+    template_markers = (("<|start_header_id|>", '"parameters"'), ("<|start_header_id|>", "ipython"))
 
     def parse(self, text: str) -> ParsedTurn:
         try:
@@ -269,3 +354,8 @@ class Llama3JsonParser(ToolCallParser):
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
         body = "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
         return f"{content}\n{body}".strip() if content and not calls else body or content
+
+
+# Families registered in their own module (they import the base classes above). Registration order matters for
+# ``detect_parser``: the most specific markers are checked first, so they are imported before hermes is matched.
+from toolgym.format import families as _families  # noqa: E402,F401

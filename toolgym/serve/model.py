@@ -63,6 +63,8 @@ from typing import Any
 
 from aiohttp import web
 
+from toolgym.format.textonly import ControlTokens, outside_spans
+
 __all__ = ["BadRequest", "ModelServer", "SamplingParams", "build_app", "load", "main", "run"]
 
 log = logging.getLogger("toolgym.serve.model")
@@ -853,17 +855,21 @@ class ModelServer:
         kwargs = dict(_want(body, "chat_template_kwargs", dict, {}))
         tools = _want(body, "tools", list, None)
         parse_calls = self._tool_mode(body, tools)
-        try:
-            text = self.tok.apply_chat_template(
-                clean,
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=bool(_want(body, "add_generation_prompt", bool, True)),
-                **kwargs,
+        gen_prompt = bool(_want(body, "add_generation_prompt", bool, True))
+
+        def render(msgs: list[dict[str, Any]], tls: list[dict[str, Any]] | None) -> str:
+            return self.tok.apply_chat_template(
+                msgs, tools=tls or None, tokenize=False, add_generation_prompt=gen_prompt, **kwargs
             )
+
+        try:
+            text = render(clean, tools)
         except Exception as e:
             raise BadRequest(f"the chat template could not render these messages: {e}", "messages") from e
-        prompt_ids = list(self.tok(text, add_special_tokens=False)["input_ids"])
+        # Message contents and tool descriptions are outside text: a control token spelled there is encoded as
+        # text, never as the control id (a tool result cannot forge a turn; see docs/families.md).
+        control = ControlTokens.of(self.tok, kwargs.get("chat_template") or getattr(self.tok, "chat_template", None))
+        prompt_ids = control.encode(text, outside_spans(render, clean, tools or [], text, control))
         self._check_len(prompt_ids, params)
         n = self._n(body, 1)
         as_ids = bool(body.get("return_tokens_as_token_ids"))
