@@ -395,7 +395,8 @@ def config_from_argv(cls: type, argv: Sequence[str] | None, description: str) ->
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--config", default=None, help="YAML file with the fields below")
     for f in fields(cls):
-        ap.add_argument(f"--{f.name}", f"--{f.name.replace('_', '-')}", dest=f.name, default=None,
+        flags = dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"])
+        ap.add_argument(*flags, dest=f.name, default=None,
                         type=lambda t, k=f.type: _parse_value(k, t), help=f.metadata.get("help", ""))
     a = ap.parse_args(argv)
     raw: dict[str, Any] = {}
