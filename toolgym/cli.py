@@ -2,7 +2,9 @@
 
 Subcommands::
 
-    toolgym list [--json]                                    registered envs, one line each
+    toolgym list [--json] [--import MODULE ...]              registered envs (toolgym's and users'), one line each
+    toolgym eval ENV --policy oracle|embedded|tiny|URL|PATH [--split S] [--tasks all|N|FILE.jsonl] [--seed S]
+                 [-k K] [--temperature T] [--max-new-tokens M] [--num-envs N] [--out FILE.jsonl] [--json]
     toolgym rollout ENV --policy embedded|tiny|URL|PATH --episodes N --out traj.jsonl
                     [--seed S] [--num-envs K] [--max-new-tokens T] [--temperature X]
                     [--schedule lockstep|continuous] [--env-kwarg KEY=VALUE ...] [--tokenizer T]
@@ -94,15 +96,46 @@ def _err(message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def user_envs() -> dict[str, tuple[str, str]]:
+    """Envs registered with Gymnasium outside toolgym whose entry point is a :class:`ToolEnv` subclass (modules
+    already imported only: nothing is imported to find them): ``id -> (entry point, first docstring line)``."""
+    import gymnasium as gym
+
+    from toolgym.envs.base import ToolEnv
     from toolgym.envs.registration import ENVS
 
+    out: dict[str, tuple[str, str]] = {}
+    for env_id, spec in gym.registry.items():
+        if env_id in ENVS:
+            continue
+        ep = spec.entry_point
+        if isinstance(ep, str):
+            mod, _, attr = ep.partition(":")
+            ep = getattr(sys.modules.get(mod), attr, None) if mod in sys.modules else None
+        if isinstance(ep, type) and issubclass(ep, ToolEnv):
+            doc = (ep.__doc__ or "").strip().splitlines()
+            out[env_id] = (f"{ep.__module__}:{ep.__qualname__}", doc[0] if doc else "")
+    return out
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import importlib
+
+    from toolgym.envs.registration import ENVS
+
+    for mod in args.imports or []:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise CLIError(f"--import {mod}: {e}", ExitCode.USAGE) from None
+    envs = {**ENVS, **user_envs()}
     if args.json:
-        print(json.dumps([{"id": k, "entry_point": ep, "description": d} for k, (ep, d) in ENVS.items()], indent=1))
+        print(json.dumps([{"id": k, "entry_point": ep, "description": d, "builtin": k in ENVS}
+                          for k, (ep, d) in envs.items()], indent=1))
         return ExitCode.OK
-    width = max(len(k) for k in ENVS)
-    for k, (_, d) in ENVS.items():
-        print(f"{k:<{width}}  {d}")
+    width = max(len(k) for k in envs)
+    for k, (_, d) in envs.items():
+        print(f"{k:<{width}}  {d}{'' if k in ENVS else '  [user]'}")
     return ExitCode.OK
 
 
@@ -112,21 +145,57 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def resolve_env_id(name: str) -> str:
-    """A registered toolgym env id from ``name`` (``toolgym/Calculator-v0``, ``Calculator-v0``, ``calculator``).
+    """A registered env id from ``name``: a toolgym id in any spelling (``toolgym/Calculator-v0``,
+    ``Calculator-v0``, ``calculator``), any id in Gymnasium's registry, or ``module:Env-v0`` (imports ``module``,
+    which registers the env, as ``gym.make`` does; returned unchanged).
 
     Raises:
-        CLIError (usage): unknown env (the message lists the registered ones).
+        CLIError (usage): unknown env or module (the message lists the registered ones).
     """
+    import gymnasium as gym
+
     from toolgym.envs.registration import ENVS
 
     if name in ENVS:
+        return name
+    if ":" in name:
+        import importlib
+
+        mod, _, env_id = name.partition(":")
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise CLIError(f"env {name!r}: cannot import module {mod!r} ({e})", ExitCode.USAGE) from None
+        if env_id not in gym.registry:
+            raise CLIError(f"env {name!r}: module {mod!r} registers no env {env_id!r}", ExitCode.USAGE)
+        return name
+    if name in gym.registry:
         return name
     low = name.lower()
     for k in ENVS:
         short = k.split("/", 1)[-1]
         if low in (k.lower(), short.lower(), short.rsplit("-v", 1)[0].lower()):
             return k
-    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`)", ExitCode.USAGE)
+    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`; a user env: "
+                   "module:Env-v0)", ExitCode.USAGE)
+
+
+def env_construction_error(env_id: str, exc: BaseException) -> CLIError:
+    """A one-line :class:`CLIError` for an env that could not be built: a missing/unreadable/malformed file
+    (config, tasks) -> input (3); an unreachable service -> unreachable (4); a bad argument value or name ->
+    usage (2); anything else -> failure (1). No raw exception-class prefixes."""
+    import gymnasium as gym
+
+    msg = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError | UnicodeDecodeError | json.JSONDecodeError):
+        where = getattr(exc, "filename", None)
+        detail = getattr(exc, "strerror", None) or msg
+        return CLIError(f"{env_id}: cannot read {where}: {detail}" if where else f"{env_id}: {detail}", ExitCode.INPUT)
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return CLIError(f"{env_id}: cannot reach a service: {msg}", ExitCode.UNREACHABLE)
+    if isinstance(exc, TypeError | ValueError | gym.error.Error):
+        return CLIError(f"bad env arguments for {env_id}: {msg}", ExitCode.USAGE)
+    return CLIError(f"{env_id}: {msg}", ExitCode.FAILURE)
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -453,8 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"toolgym {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    s = sub.add_parser("list", help="registered envs with one-line descriptions")
+    s = sub.add_parser("list", help="registered envs (toolgym's and users') with one-line descriptions")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=[],
+                   help="import MODULE first (it registers user envs); repeatable")
     s.set_defaults(func=cmd_list)
 
     s = sub.add_parser("rollout", help="run episodes with a policy, write trajectories, print a summary",
@@ -478,6 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="also print the summary as one JSON line")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_rollout)
+
+    from toolgym.cli_eval import add_parser as add_eval_parser
+
+    add_eval_parser(sub, _EPILOG)
 
     s = sub.add_parser("view", help="write a self-contained HTML report of a trajectory file", epilog=_EPILOG)
     s.add_argument("trajectories", help="trajectory JSONL (one Trajectory.to_dict() per line)")

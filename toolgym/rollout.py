@@ -448,6 +448,8 @@ class RolloutStats:
     turns: int = 0
     gen_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
+    live_turns: int = 0  # turns stepped so far (updated while episodes run)
+    tool_calls: int = 0  # tool calls made so far
 
     @property
     def episodes_per_s(self) -> float:
@@ -462,6 +464,7 @@ class RolloutStats:
             "generated_tokens": self.generated_tokens,
             "turns": self.turns,
             "gen_s": round(self.gen_s, 4),
+            "tool_calls": self.tool_calls,
             "mean_batch": round(float(np.mean(self.batch_sizes)), 2) if self.batch_sizes else 0.0,
         }
 
@@ -531,6 +534,9 @@ class RolloutDriver:
         self.max_completion_tokens = max_completion_tokens
         self.sync_fn = sync_fn
         self.stats = RolloutStats()
+        self._bar: Any = None
+        self._on_episode: Callable[[int, Trajectory], None] | None = None
+        self._t0 = self._refreshed = time.perf_counter()
 
     @property
     def num_envs(self) -> int:
@@ -585,17 +591,20 @@ class RolloutDriver:
     def run(
         self, tasks: Sequence[Mapping[str, Any] | None], *, seeds: Sequence[int | None] | int | None = None,
         trajectory_path: str | Path | None = None, progress: bool = False,
+        on_episode: Callable[[int, Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Blocking :meth:`arun` (must not be called from a running event loop: ``await arun`` there)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.arun(tasks, seeds=seeds, trajectory_path=trajectory_path, progress=progress))
+            return asyncio.run(self.arun(tasks, seeds=seeds, trajectory_path=trajectory_path, progress=progress,
+                                         on_episode=on_episode))
         raise RuntimeError("RolloutDriver.run() called inside a running event loop; use `await driver.arun(...)`")
 
     async def arun(
         self, tasks: Sequence[Mapping[str, Any] | None], *, seeds: Sequence[int | None] | int | None = None,
         trajectory_path: str | Path | None = None, progress: bool = False,
+        on_episode: Callable[[int, Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Run one episode per task row (``None``: a task drawn from the seed) and return the trajectories in
         task order, each with ``logprobs`` filled when the policy gave them.
@@ -604,7 +613,9 @@ class RolloutDriver:
             tasks: task rows (any number; more than ``num_envs`` run in waves or through the slots).
             seeds: one seed per task, or an int (task ``k`` gets ``seed + k``), or ``None``.
             trajectory_path: append the trajectories as JSONL to this file.
-            progress: show a tqdm bar over episodes.
+            progress: show a tqdm bar over episodes, with live turns, tool calls and generated tokens/s.
+            on_episode: ``fn(task_index, trajectory)`` called as each episode ends (in completion order), e.g.
+                to stream it to a file (``toolgym eval``).
         """
         rows = [None if t is None else dict(t) for t in tasks]
         if seeds is None or isinstance(seeds, int | np.integer):
@@ -614,12 +625,14 @@ class RolloutDriver:
             if len(seed_list) != len(rows):
                 raise ValueError(f"expected {len(rows)} seeds, got {len(seed_list)}")
         self.stats = RolloutStats()
+        self._on_episode = on_episode
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(rows), desc=f"rollout ({self.schedule})", unit="ep")
-        t0 = time.perf_counter()
+        self._bar = bar
+        t0 = self._t0 = time.perf_counter()
         try:
             if self.schedule == "lockstep":
                 out = await self._lockstep(rows, seed_list, bar)
@@ -672,12 +685,13 @@ class RolloutDriver:
                     lps[j].append(g.logprobs)
                 _, _, terms, truncs, _ = await self.venv.astep(actions)
                 for j in order:
+                    self._stepped(self._sub(j).trajectory)
                     if terms[j] or truncs[j]:
                         traj = self._sub(j).trajectory
                         attach_logprobs(traj, lps[j])
-                        out[active.pop(j)] = traj
-                        if bar is not None:
-                            bar.update(1)
+                        k = active.pop(j)
+                        out[k] = traj
+                        self._finished(k, traj)
         return [t for t in out if t is not None]
 
     # -- continuous -------------------------------------------------------------------------------
@@ -717,13 +731,13 @@ class RolloutDriver:
                     g = await generate(self._request(j, k, rows[k] or env.task))
                     lps.append(g.logprobs)
                     _, _, te, tr, _ = await runtime.run_async(env.astep(np.asarray(g.token_ids, dtype=np.int64)))
+                    self._stepped(env.trajectory)
                     if te or tr:
                         break
                 traj = env.trajectory
                 attach_logprobs(traj, lps)
                 out[k] = traj
-                if bar is not None:
-                    bar.update(1)
+                self._finished(k, traj)
 
         workers = [asyncio.create_task(slot(j)) for j in range(min(n, len(rows)))]
         try:
@@ -734,6 +748,29 @@ class RolloutDriver:
             if batcher is not None:
                 await batcher.close()
         return [t for t in out if t is not None]
+
+    # -- progress and per-episode hooks ----------------------------------------------------------
+    def _stepped(self, traj: Trajectory | None) -> None:
+        """Live counters after one turn of one episode was stepped (the bar shows them before episodes end)."""
+        self.stats.live_turns += 1
+        if traj is not None and traj.turns:
+            self.stats.tool_calls += len(traj.turns[-1].calls)
+        bar = self._bar
+        if bar is not None:
+            now = time.perf_counter()
+            bar.set_postfix(turns=self.stats.live_turns, calls=self.stats.tool_calls,
+                            tok_s=f"{self.stats.generated_tokens / max(now - self._t0, 1e-9):.1f}", refresh=False)
+            if now - self._refreshed >= 0.5:  # at most twice a second, even while no episode finishes
+                self._refreshed = now
+                bar.refresh()
+
+    def _finished(self, k: int, traj: Trajectory) -> None:
+        bar = self._bar
+        if bar is not None:
+            bar.update(1)
+        cb = self._on_episode
+        if cb is not None:
+            cb(k, traj)
 
     # -- helpers for trainers ---------------------------------------------------------------------
     def clip(self, traj: Trajectory) -> Trajectory:

@@ -1,0 +1,139 @@
+"""``toolgym eval``: each task of a split once (x k samples), success with a 95% Wilson interval, pass@k.
+
+The command is a thin layer over :func:`toolgym.eval.evaluate`; ``toolgym/cli.py`` only registers the subparser
+(:func:`add_parser`) and dispatches to :func:`cmd_eval`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "cmd_eval"]
+
+
+def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
+    """Add the ``eval`` subcommand to ``sub`` (an argparse subparsers object)."""
+    s = sub.add_parser(
+        "eval", help="evaluate a policy: each task once (x k), success with a 95%% CI, pass@k",
+        description="Run each selected task exactly once per sample and report success with a 95%% Wilson "
+                    "interval, pass@k / mean@k (k > 1), reward, tool-call rate, turns, error kinds and drift.",
+        epilog=epilog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    s.add_argument("env", help="env id (toolgym/Calculator-v0, Calculator-v0, calculator, any registered id, or "
+                               "module:Env-v0 to import a module that registers it)")
+    s.add_argument("--policy", default="embedded",
+                   help="'oracle' (the env's oracle(state)), 'embedded' (SmolLM2-135M), 'tiny' (tiny random "
+                        "model), a model directory / .gguf, or an http(s):// URL of an OpenAI-compatible server")
+    s.add_argument("--split", default=None, help="env split (e.g. test); default: the env's own default")
+    s.add_argument("--tasks", default="all", help="'all' (the whole finite split), N (N distinct tasks chosen "
+                   "from --seed), or a .jsonl task file")
+    s.add_argument("--seed", type=int, default=0, help="task-selection seed; episode i is reset with seed + i")
+    s.add_argument("-k", "--samples", dest="k", type=int, default=1, help="samples per task (pass@k, mean@k)")
+    s.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
+    s.add_argument("--num-envs", type=int, default=8, help="parallel episodes")
+    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
+    s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
+                   help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
+    s.add_argument("--out", default=None, help="stream trajectories to this JSONL file as episodes finish "
+                   "(replaced only once the first episode is done; an interrupted run keeps finished episodes)")
+    s.add_argument("--tokenizer", default=None, help="with a URL policy: the served model's tokenizer "
+                   "(name or path; default: the embedded one)")
+    s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
+    s.add_argument("--json", action="store_true",
+                   help="print the report as one JSON object on the last stdout line (the table goes to stderr)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_eval)
+    return s
+
+
+def _policy(args: argparse.Namespace) -> tuple[Any, Any, str]:
+    """``(policy, tokenizer or None, name)`` for ``--policy``."""
+    from toolgym.cli import _make_policy  # one place builds model policies for rollout and eval
+
+    if args.policy == "oracle":
+        from toolgym.eval import oracle_policy
+
+        return oracle_policy(), None, "oracle"
+    policy, tok = _make_policy(args)
+    return policy, tok, args.policy
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from toolgym.cli import CLIError, ExitCode, parse_env_kwargs, resolve_env_id
+    from toolgym.eval import (
+        TaskFileError,
+        TaskSelectionError,
+        _base_env,
+        check_writable,
+        evaluate,
+        make_eval_vector_env,
+    )
+
+    env_id = resolve_env_id(args.env)
+    env_kwargs = parse_env_kwargs(args.env_kwarg or [])
+    for flag, value in (("-k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--num-envs", args.num_envs)):
+        if value < 1:
+            raise CLIError(f"{flag} must be >= 1, got {value}", ExitCode.USAGE)
+    if args.temperature < 0:
+        raise CLIError(f"--temperature must be >= 0, got {args.temperature}", ExitCode.USAGE)
+    if args.k > 1 and args.temperature == 0 and args.policy != "oracle":
+        print("toolgym: warning: -k > 1 with --temperature 0 (greedy) gives k identical samples", file=sys.stderr)
+    tasks: Any = args.tasks
+    if tasks != "all" and not str(tasks).strip().isdigit():
+        if not str(tasks).endswith(".jsonl"):
+            raise CLIError(f"--tasks must be 'all', a positive number or a .jsonl file, got {tasks!r}",
+                           ExitCode.USAGE)
+        if not Path(tasks).is_file():
+            raise CLIError(f"cannot read task file {tasks}: no such file", ExitCode.INPUT)
+    if args.out is not None:
+        try:
+            check_writable(args.out)
+        except OSError as e:
+            raise CLIError(f"cannot write {args.out}: {e.strerror or e}", ExitCode.INPUT) from None
+    if args.split is not None:
+        env_kwargs["split"] = args.split
+
+    policy, tok, name = _policy(args)
+    if tok is not None:
+        env_kwargs.setdefault("tokenizer", tok)
+    from toolgym.cli import env_construction_error
+
+    try:
+        venv = make_eval_vector_env(env_id, args.num_envs, env_kwargs)
+    except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
+        raise env_construction_error(env_id, e) from None
+    try:
+        if name == "oracle" and not callable(getattr(_base_env(venv), "oracle", None)):
+            raise CLIError(f"{env_id} has no oracle: define `oracle(self, state) -> str` on the env class to use "
+                           "--policy oracle", ExitCode.USAGE)
+        try:
+            report = evaluate(
+                venv, policy, tasks, k=args.k, seed=args.seed, split=args.split, num_envs=args.num_envs,
+                max_turn_tokens=args.max_new_tokens, schedule=args.schedule, out=args.out,
+                progress=not args.no_progress, policy_name=name,
+            )
+        except TaskFileError as e:
+            raise CLIError(str(e), ExitCode.INPUT) from None
+        except TaskSelectionError as e:
+            raise CLIError(str(e), ExitCode.USAGE) from None
+        except Exception as e:
+            import aiohttp
+
+            if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
+                raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
+            raise
+    finally:
+        venv.close()
+    report.env_id = env_id
+    table = report.format_table()
+    if args.json:
+        print(table, file=sys.stderr)
+        print(json.dumps(report.to_dict()))
+    else:
+        print(table)
+    return ExitCode.OK

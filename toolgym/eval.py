@@ -1,0 +1,639 @@
+"""Evaluation: each task of a split exactly once (x k samples), with confidence intervals and pass@k.
+
+``toolgym eval`` and :func:`evaluate` run every selected task exactly once per sample through
+:class:`toolgym.rollout.RolloutDriver` (no drawing with replacement), stream the trajectories to a JSONL file as
+episodes finish, and return an :class:`EvalReport`:
+
+* ``success`` with a 95% **Wilson** score interval (:func:`wilson_interval`);
+* ``pass_at_k`` (the unbiased estimator of Chen et al. 2021, :func:`pass_at_k`) and ``mean_at_k`` (the mean
+  success over the k samples, averaged over tasks) when ``k > 1``;
+* reward, tool-call rate, tool calls per episode, turns, error kinds, drift count;
+* ``task_ids`` and ``per_task_success`` (aligned lists) for paired before/after comparisons
+  (:func:`paired_difference_ci`).
+
+Task selection (:func:`select_tasks`): ``"all"`` = the whole finite split; ``N`` = N distinct tasks chosen
+reproducibly from the seed (a seeded permutation of a finite split, or distinct generated tasks drawn from a seeded
+generator on a procedural split such as Calculator-v0's, where ``"all"`` is an error); a ``.jsonl`` path = those
+rows. Task ids (``row["id"]``, else a hash of the row) must be unique: a task is never run twice per sample.
+
+Streaming output (``out=``): the file is **not touched until the first episode has finished**. That episode is
+written to a temporary file in the same directory, which then atomically replaces ``out``; every later episode is
+appended and flushed as it finishes. So an interrupted or crashed run keeps every finished episode, and a
+pre-existing file is never emptied before new results exist. Rows are ``Trajectory.to_dict()`` plus
+``"eval": {"task_index", "task_id", "sample"}``, in completion order.
+
+This module never imports ``trainers/``, TRL or training code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from toolgym.trajectory import Trajectory
+
+__all__ = [
+    "EvalReport",
+    "TaskFileError",
+    "TaskSelectionError",
+    "evaluate",
+    "import_env_id",
+    "make_eval_vector_env",
+    "mean_at_k",
+    "oracle_policy",
+    "paired_difference_ci",
+    "pass_at_k",
+    "select_tasks",
+    "task_id",
+    "wilson_interval",
+]
+
+
+class TaskSelectionError(ValueError):
+    """The requested tasks cannot be selected (``all`` on an infinite split, more tasks than the split has...)."""
+
+
+class TaskFileError(TaskSelectionError):
+    """A task file is missing, unreadable, malformed, empty, or has duplicate task ids."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval for a binomial proportion ``successes / n`` (``z = 1.96``: 95%).
+
+    ``(lo, hi)`` within ``[0, 1]``; ``(0.0, 1.0)`` when ``n == 0``. Unlike the normal (Wald) interval it stays
+    inside ``[0, 1]`` and is not degenerate at 0% or 100% success. ``successes`` may be fractional (a sum of
+    per-task success rates; :func:`evaluate` does this for ``k > 1``).
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must be in [0, n], got {successes} of {n}")
+    p = successes / n
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    centre = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"): the probability
+    that at least one of ``k`` samples drawn without replacement from ``n`` samples, ``c`` of them correct, is
+    correct: ``1 - C(n-c, k) / C(n, k)`` (computed as a stable product)."""
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def mean_at_k(successes: Sequence[float]) -> float:
+    """mean@k of one task: the mean success over its ``k`` samples (averaged over tasks by :func:`evaluate`)."""
+    if not successes:
+        raise ValueError("mean_at_k needs at least one sample")
+    return float(sum(successes) / len(successes))
+
+
+def _t_quantile(p: float, df: int) -> float:
+    """Student-t quantile: scipy when installed, else the Cornish-Fisher expansion around the normal quantile
+    (Abramowitz & Stegun 26.7.5; error < 1e-3 for df >= 4 at 95%)."""
+    try:
+        from scipy.stats import t as student_t
+
+        return float(student_t.ppf(p, df))
+    except ImportError:
+        z = statistics.NormalDist().inv_cdf(p)
+        v = float(df)
+        return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+                + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+                + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
+
+
+def paired_difference_ci(
+    before: Sequence[float], after: Sequence[float], confidence: float = 0.95
+) -> dict[str, float]:
+    """Confidence interval for the mean per-task difference ``after - before`` (paired: the same tasks, same
+    order, e.g. :attr:`EvalReport.per_task_success` of two evaluations with the same seed).
+
+    Method: the paired t-interval on the per-task differences ``d_i = after_i - before_i``:
+    ``mean(d) ± t_{(1+confidence)/2, n-1} · sd(d) / sqrt(n)`` (sample sd, ``n - 1`` degrees of freedom). For
+    binary outcomes this is the standard large-sample interval for a difference of paired proportions (it uses
+    only discordant pairs through ``sd(d)``); with ``n >= 30`` tasks it is accurate, and it works unchanged for
+    fractional per-task success (``k > 1``). When every difference is equal the interval is that single value.
+
+    Returns ``{"mean", "lo", "hi", "n"}`` (``n`` = number of tasks).
+    """
+    if len(before) != len(after):
+        raise ValueError(f"paired samples differ in length: {len(before)} vs {len(after)}")
+    n = len(before)
+    if n == 0:
+        raise ValueError("paired_difference_ci needs at least one task")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    d = np.asarray(after, dtype=float) - np.asarray(before, dtype=float)
+    mean = float(d.mean())
+    if n == 1:
+        return {"mean": mean, "lo": -math.inf, "hi": math.inf, "n": 1}
+    sd = float(d.std(ddof=1))
+    half = _t_quantile((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Task selection
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def task_id(row: Mapping[str, Any]) -> str:
+    """A task's id: ``row["id"]``, else a stable hash of the row's JSON (``task-<12 hex>``)."""
+    if row.get("id") is not None:
+        return str(row["id"])
+    blob = json.dumps(row, sort_keys=True, default=str).encode()
+    return "task-" + hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _base_env(env: Any) -> Any:
+    """The ToolEnv behind ``env`` (a ToolEnv, a wrapped env, or a vector env's first sub-env)."""
+    envs = getattr(env, "envs", None)
+    if envs:
+        env = envs[0]
+    return getattr(env, "unwrapped", env)
+
+
+def _read_task_file(path: Path) -> list[dict[str, Any]]:
+    from toolgym.data.jsonl import read_jsonl
+
+    try:
+        rows = read_jsonl(path, error=TaskFileError)
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        raise TaskFileError(f"cannot read task file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise TaskFileError(f"{path}: not a UTF-8 JSONL task file") from None
+    if not rows:
+        raise TaskFileError(f"{path}: no tasks")
+    return rows
+
+
+def _check_unique(rows: Sequence[Mapping[str, Any]], where: str, error: type[Exception] = TaskSelectionError) -> None:
+    seen: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        tid = task_id(r)
+        if tid in seen:
+            raise error(f"{where}: task id {tid!r} appears twice (rows {seen[tid] + 1} and {i + 1}); "
+                                     "each task must be run exactly once")
+        seen[tid] = i
+
+
+def select_tasks(
+    env: Any,
+    *,
+    tasks: str | int | os.PathLike[str] = "all",
+    seed: int = 0,
+    split: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The task rows to evaluate, each exactly once.
+
+    Args:
+        env: a ToolEnv (or wrapped env), a vector env, or an env id (then built with ``split`` + ``env_kwargs``).
+        tasks: ``"all"`` (the whole finite split), ``N`` (an int or a digit string: N distinct tasks chosen
+            reproducibly from ``seed``), or a ``.jsonl`` path (those rows, in file order).
+        seed: the selection seed (a seeded permutation of a finite split; a seeded task generator otherwise).
+        split: with an env id: the split to build; with an env instance: checked against ``env.split``.
+
+    Raises:
+        TaskSelectionError: ``all`` on an infinite (generated) split, N larger than the split, a generator that
+            cannot produce N distinct tasks, a missing/malformed task file, duplicate task ids.
+    """
+    if isinstance(tasks, os.PathLike) or (isinstance(tasks, str) and tasks.endswith(".jsonl")):
+        rows = _read_task_file(Path(tasks))
+        _check_unique(rows, str(tasks), TaskFileError)
+        return [dict(r) for r in rows]
+    if isinstance(tasks, str) and tasks != "all":
+        if not tasks.strip().isdigit():
+            raise TaskSelectionError(f"tasks must be 'all', a positive number or a .jsonl file, got {tasks!r}")
+        tasks = int(tasks)
+    if isinstance(tasks, int) and tasks < 1:
+        raise TaskSelectionError(f"the number of tasks must be >= 1, got {tasks}")
+
+    owned = None
+    if isinstance(env, str):
+        import gymnasium as gym
+
+        import toolgym  # noqa: F401  (registers the envs)
+
+        kw = dict(env_kwargs or {})
+        if split is not None:
+            kw["split"] = split
+        owned = gym.make(import_env_id(env), disable_env_checker=True, **kw)
+        env = owned
+    try:
+        base = _base_env(env)
+        env_split = getattr(base, "split", None)
+        if split is not None and env_split is not None and env_split != split:
+            raise TaskSelectionError(f"the env is on split {env_split!r}, not {split!r}")
+        source = base.tasks
+        name = f"{getattr(getattr(base, 'spec', None), 'id', type(base).__name__)} split {env_split!r}"
+        if callable(source):
+            if tasks == "all":
+                raise TaskSelectionError(
+                    f"{name} generates its tasks from seeds (an infinite split): 'all' is undefined; "
+                    "pass a number of tasks (--tasks N) or a task file"
+                )
+            return _draw_distinct(source, int(tasks), seed, name)
+        rows = [dict(r) for r in source]
+        _check_unique(rows, name)
+        if tasks == "all":
+            return rows
+        if int(tasks) > len(rows):
+            raise TaskSelectionError(f"{name} has {len(rows)} tasks; cannot select {tasks} distinct ones "
+                                     "(use --tasks all)")
+        order = np.random.default_rng(seed).permutation(len(rows))[: int(tasks)]
+        return [rows[int(i)] for i in order]
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def _draw_distinct(gen: Any, n: int, seed: int, name: str) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    tries = 0
+    limit = 50 * n + 1000
+    while len(out) < n and tries < limit:
+        tries += 1
+        row = dict(gen(rng))
+        tid = task_id(row)
+        if tid not in seen:
+            seen.add(tid)
+            out.append(row)
+    if len(out) < n:
+        raise TaskSelectionError(f"{name}: only {len(out)} distinct tasks in {tries} draws; cannot select {n}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Streaming output
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+class _StreamWriter:
+    """Writes JSONL rows as episodes finish; the target is replaced atomically when the first row exists."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.fh: IO[str] | None = None
+        self.rows = 0
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        line = json.dumps(row, default=_json_default) + "\n"
+        if self.fh is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            fh = open(tmp, "w", encoding="utf-8")  # noqa: SIM115 (kept open: later rows are appended)
+            try:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+                os.replace(tmp, self.path)  # the handle stays valid: later rows land in self.path
+            except BaseException:
+                fh.close()
+                tmp.unlink(missing_ok=True)
+                raise
+            self.fh = fh
+        else:
+            self.fh.write(line)
+            self.fh.flush()
+        self.rows += 1
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise ``OSError`` unless a file can be created next to ``path`` (checked before any model loads; the
+    target itself is left untouched)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.is_dir():
+        raise IsADirectoryError(21, "is a directory", str(p))
+    probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
+    probe.open("w").close()
+    probe.unlink()
+    if p.exists() and not os.access(p, os.W_OK):
+        raise PermissionError(13, "permission denied", str(p))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Policies and envs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def oracle_policy(env: Any = None) -> Any:
+    """A :class:`~toolgym.rollout.ScriptedPolicy` that asks each episode's env for its text:
+    ``env.oracle(state) -> str`` (``state.env`` is the unwrapped sub-env running the episode).
+
+    Raises:
+        ValueError: ``env`` (a ToolEnv or vector env, when given) has no ``oracle`` method.
+    """
+    from toolgym.rollout import EpisodeState, ScriptedPolicy
+
+    if env is not None and not callable(getattr(_base_env(env), "oracle", None)):
+        raise ValueError(f"env {type(_base_env(env)).__name__} has no oracle: define `oracle(self, state) -> str` "
+                         "on the env class to use --policy oracle")
+
+    def script(state: EpisodeState) -> str:
+        fn = getattr(state.env, "oracle", None)
+        if not callable(fn):
+            raise ValueError(f"env {type(state.env).__name__} has no oracle(state) method")
+        return fn(state)
+
+    return ScriptedPolicy(script)
+
+
+def import_env_id(env_id: str) -> str:
+    """``"module:Env-v0"`` -> imports ``module`` (which registers its envs, as ``gym.make`` does) and returns
+    ``"Env-v0"``; any other id is returned unchanged. ``ImportError`` when the module is missing."""
+    if ":" in env_id:
+        import importlib
+
+        mod, _, env_id = env_id.partition(":")
+        importlib.import_module(mod)
+    return env_id
+
+
+def make_eval_vector_env(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> Any:
+    """A :class:`~toolgym.vector.ToolVectorEnv` of ``num_envs`` copies of ``env_id`` with autoreset disabled.
+
+    ``env_id`` is any registered id, including ``"module:Env-v0"`` (Gymnasium imports ``module`` first). Envs
+    registered without toolgym's vector entry point are wrapped in a ToolVectorEnv directly.
+    """
+    import gymnasium as gym
+    from gymnasium.vector import AutoresetMode
+
+    import toolgym  # noqa: F401  (registers the envs)
+    from toolgym.vector import ToolVectorEnv
+
+    env_id = import_env_id(env_id)
+    spec = gym.spec(env_id)
+    kw = dict(env_kwargs or {})
+    if spec.vector_entry_point is not None:
+        return gym.make_vec(env_id, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **kw)
+
+    def env_fn(**k: Any) -> Any:
+        return gym.make(spec.id, disable_env_checker=True, **k)
+
+    return ToolVectorEnv(env_fn, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **kw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The report and evaluate()
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalReport:
+    """The result of :func:`evaluate`. ``to_dict()`` is the JSON that ``toolgym eval --json`` prints.
+
+    Rates are fractions in ``[0, 1]``; ``turns`` and ``calls_per_episode`` are means per episode; ``wall_s`` is
+    seconds. ``task_ids`` and ``per_task_success`` are aligned (task order of the selection); each
+    ``per_task_success`` entry is the mean success over that task's ``k`` samples.
+    """
+
+    env_id: str
+    split: str | None
+    n_tasks: int
+    k: int
+    seed: int
+    policy: str
+    success: float
+    success_ci95: tuple[float, float]
+    pass_at_k: float | None
+    mean_at_k: float | None
+    reward: float
+    tool_call_rate: float
+    calls_per_episode: float
+    turns: float
+    errors: dict[str, int]
+    drift: int
+    task_ids: list[str]
+    per_task_success: list[float]
+    wall_s: float
+    episodes: int = 0
+    truncated: float = 0.0
+    generated_tokens: int = 0
+    out: str | None = None
+    trajectories: list[Trajectory] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable summary (no trajectories)."""
+        return {
+            "env_id": self.env_id,
+            "split": self.split,
+            "n_tasks": self.n_tasks,
+            "k": self.k,
+            "seed": self.seed,
+            "policy": self.policy,
+            "episodes": self.episodes,
+            "success": self.success,
+            "success_ci95": [self.success_ci95[0], self.success_ci95[1]],
+            "pass_at_k": self.pass_at_k,
+            "mean_at_k": self.mean_at_k,
+            "reward": self.reward,
+            "tool_call_rate": self.tool_call_rate,
+            "calls_per_episode": self.calls_per_episode,
+            "turns": self.turns,
+            "truncated": self.truncated,
+            "errors": dict(self.errors),
+            "drift": self.drift,
+            "generated_tokens": self.generated_tokens,
+            "wall_s": self.wall_s,
+            "out": self.out,
+            "task_ids": list(self.task_ids),
+            "per_task_success": list(self.per_task_success),
+        }
+
+    def format_table(self) -> str:
+        """A human-readable two-column table."""
+        lo, hi = self.success_ci95
+        rows = [
+            ("env", f"{self.env_id} (split {self.split})"),
+            ("policy", self.policy),
+            ("tasks x samples", f"{self.n_tasks} x {self.k} = {self.episodes} episodes (seed {self.seed})"),
+            ("success", f"{self.success:.1%}  (95% Wilson CI {lo:.1%} - {hi:.1%})"),
+        ]
+        if self.k > 1:
+            rows += [(f"pass@{self.k}", f"{self.pass_at_k:.1%}"), (f"mean@{self.k}", f"{self.mean_at_k:.1%}")]
+        rows += [
+            ("mean reward", f"{self.reward:.3f}"),
+            ("tool-call rate", f"{self.tool_call_rate:.1%}  ({self.calls_per_episode:.2f} calls/episode)"),
+            ("mean turns", f"{self.turns:.2f}"),
+            ("truncated", f"{self.truncated:.1%}"),
+            ("errors", ", ".join(f"{k}={v}" for k, v in sorted(self.errors.items())) or "none"),
+            ("drift", f"{self.drift} episodes"),
+            ("wall time", f"{self.wall_s:.1f} s ({self.generated_tokens} generated tokens)"),
+        ]
+        if self.out:
+            rows.append(("trajectories", self.out))
+        width = max(len(k) for k, _ in rows)
+        line = "-" * (width + 2 + max(len(v) for _, v in rows))
+        return "\n".join([line, *(f"{k:<{width}}  {v}" for k, v in rows), line])
+
+
+def evaluate(
+    env_id_or_vector_env: Any,
+    policy: Any,
+    tasks: str | int | os.PathLike[str] | Sequence[Mapping[str, Any]] = "all",
+    *,
+    k: int = 1,
+    seed: int = 0,
+    split: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    num_envs: int = 8,
+    max_turn_tokens: int = 128,
+    schedule: str = "lockstep",
+    out: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+    policy_name: str | None = None,
+    success_threshold: float = 1.0,
+) -> EvalReport:
+    """Run each task exactly once per sample (``k`` samples per task) and summarise.
+
+    Args:
+        env_id_or_vector_env: an env id (built with ``split``/``env_kwargs``/``num_envs``, closed at the end) or a
+            :class:`~toolgym.vector.ToolVectorEnv` (left open).
+        policy: a :class:`~toolgym.rollout.Policy`, or ``"oracle"`` (the env's ``oracle(state)``).
+        tasks: a selection for :func:`select_tasks` (``"all"``, N, a ``.jsonl`` path) or the task rows.
+        k: samples per task (episodes = tasks x k; the samples of one task are adjacent).
+        seed: task-selection seed; episode ``i`` is reset with seed ``seed + i``.
+        num_envs, max_turn_tokens, schedule: parallel sub-envs, tokens per turn, driver schedule.
+        out: stream trajectories to this JSONL file (see the module docstring for the guarantees).
+        policy_name: what the report calls the policy (default: its class name).
+        success_threshold: an episode succeeds when ``outcome_reward >= success_threshold``.
+    """
+    from toolgym.rollout import RolloutDriver
+
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    owned = None
+    venv = env_id_or_vector_env
+    if isinstance(venv, str):
+        kw = dict(env_kwargs or {})
+        if split is not None:
+            kw["split"] = split
+        owned = venv = make_eval_vector_env(venv, num_envs, kw)
+    base = _base_env(venv)
+    env_id = getattr(getattr(venv, "spec", None), "id", None) or getattr(getattr(base, "spec", None), "id", None)
+    env_id = env_id or (env_id_or_vector_env if isinstance(env_id_or_vector_env, str) else type(base).__name__)
+    try:
+        if isinstance(tasks, str | int | os.PathLike):
+            rows = select_tasks(venv, tasks=tasks, seed=seed, split=split)
+        else:
+            rows = [dict(r) for r in tasks]
+            _check_unique(rows, "tasks")
+        if isinstance(policy, str):
+            if policy != "oracle":
+                raise ValueError(f"policy must be a Policy or 'oracle', got {policy!r}")
+            policy_name = policy_name or "oracle"
+            policy = oracle_policy(venv)
+        ids = [task_id(r) for r in rows]
+        episodes = [r for r in rows for _ in range(k)]
+        writer = _StreamWriter(out) if out is not None else None
+
+        def on_episode(i: int, traj: Trajectory) -> None:
+            if writer is not None:
+                row = traj.to_dict()
+                row["eval"] = {"task_index": i // k, "task_id": ids[i // k], "sample": i % k}
+                writer.write(row)
+
+        driver = RolloutDriver(venv, policy, schedule=schedule, max_turn_tokens=max_turn_tokens)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        try:
+            trajs = driver.run(episodes, seeds=seed, progress=progress, on_episode=on_episode)
+        finally:
+            if writer is not None:
+                writer.close()
+        wall = time.perf_counter() - t0
+    finally:
+        if owned is not None:
+            owned.close()
+    return _report(
+        trajs, ids, k, env_id=str(env_id), split=split or getattr(base, "split", None), seed=seed,
+        policy=policy_name or type(policy).__name__, wall_s=wall, out=None if out is None else str(out),
+        generated_tokens=driver.stats.generated_tokens, success_threshold=success_threshold,
+    )
+
+
+def _report(
+    trajs: Sequence[Trajectory], ids: Sequence[str], k: int, *, env_id: str, split: str | None, seed: int,
+    policy: str, wall_s: float, out: str | None, generated_tokens: int, success_threshold: float,
+) -> EvalReport:
+    n = len(ids)
+    if len(trajs) != n * k:
+        raise RuntimeError(f"expected {n * k} episodes, got {len(trajs)}")
+    ok = [float(t.outcome_reward >= success_threshold) for t in trajs]
+    per_task = [ok[i * k:(i + 1) * k] for i in range(n)]
+    per_task_success = [mean_at_k(s) for s in per_task]
+    successes = sum(ok)
+    if k == 1:
+        ci = wilson_interval(successes, n)
+    else:  # samples of one task are correlated: count each task once (conservative)
+        ci = wilson_interval(sum(per_task_success), n)
+    errors: dict[str, int] = {}
+    for t in trajs:
+        for e in t.error_kinds:
+            errors[e] = errors.get(e, 0) + 1
+    def mean(xs: Sequence[float]) -> float:
+        return float(np.mean(xs)) if len(xs) else 0.0
+
+    return EvalReport(
+        env_id=env_id, split=split, n_tasks=n, k=k, seed=seed, policy=policy,
+        success=successes / len(ok) if ok else 0.0,
+        success_ci95=ci,
+        pass_at_k=mean([pass_at_k(k, int(sum(s)), k) for s in per_task]) if k > 1 else None,
+        mean_at_k=mean(per_task_success) if k > 1 else None,
+        reward=mean([t.reward for t in trajs]),
+        tool_call_rate=mean([t.num_tool_calls > 0 for t in trajs]),
+        calls_per_episode=mean([t.num_tool_calls for t in trajs]),
+        turns=mean([len(t.turns) for t in trajs]),
+        errors=errors,
+        drift=sum(1 for t in trajs if t.drift),
+        task_ids=list(ids),
+        per_task_success=per_task_success,
+        wall_s=round(wall_s, 3),
+        episodes=len(trajs),
+        truncated=mean([t.truncated for t in trajs]),
+        generated_tokens=generated_tokens,
+        out=out,
+        trajectories=list(trajs),
+    )
