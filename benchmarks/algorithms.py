@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny run: checks the pipeline, measures nothing")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.budget, a.eval_tasks, a.warm_steps, a.round_tasks = 150, 10, 1, 4
+        a.budget, a.eval_tasks, a.warm_steps, a.round_tasks = 150, 5, 1, 4
         a.grpo_generations, a.grpo_prompts, a.max_turn_tokens, a.dpo_samples = 2, 1, 48, 2
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     unknown = set(methods) - set(METHODS)

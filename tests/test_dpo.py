@@ -264,3 +264,44 @@ def test_config_flags_and_unknown_keys(tmp_path):
     f.write_text("bogus: 1\n")
     with pytest.raises(ValueError, match="unknown keys"):
         config_from_argv(DPORunConfig, ["--config", str(f)], "t")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# benchmarks/algorithms.py: its own pieces (the trainers it drives are tested above and in their own files)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "algorithms.py"
+    spec = importlib.util.spec_from_file_location("toolgym_bench_algorithms", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_algorithms_tasks_are_held_out_and_the_same_for_every_method():
+    bench = _bench()
+    test_tasks = bench._tasks("test", 100, 10_000)
+    assert len({t["id"] for t in test_tasks}) == 100 and all(t["split"] == "test" for t in test_tasks)
+    assert bench._tasks("test", 100, 10_000) == test_tasks  # every row is evaluated on the same tasks
+    a, b = bench.TaskStream(7, n=64), bench.TaskStream(7, n=64)
+    assert a.take(5) == b.take(5) and a.take(3) == b.take(3)  # every method sees the same training tasks
+    train_exprs = {t["expression"] for t in bench.TaskStream(7, n=512).rows}
+    assert not train_exprs & {t["expression"] for t in test_tasks}
+
+
+def test_algorithms_table_format():
+    bench = _bench()
+    rows = [
+        {"method": "warm", "success": 0.3, "success_ci95": [0.22, 0.4], "tool_call_rate": 0.9, "train_wall_s": 0,
+         "tokens": 0},
+        {"method": "dpo", "success": 0.5, "success_ci95": [0.4, 0.6], "tool_call_rate": 1.0, "train_wall_s": 61.2,
+         "tokens": 6100, "delta": {"mean": 0.2, "lo": 0.1, "hi": 0.3}, "notes": "rounds 6, pairs 20"},
+    ]
+    lines = bench.format_table(rows).splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| method | held-out success [95% CI]")
+    assert lines[2].startswith("| warm start") and "| — |" in lines[2]
+    assert lines[3] == "| DPO | 50.0% [40.0%, 60.0%] | +20.0% [+10.0%, +30.0%] | 100.0% | 61 | 6100 | rounds 6, pairs 20 |"
