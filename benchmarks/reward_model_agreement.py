@@ -11,7 +11,7 @@ metrics are :func:`trainers.reward_model.agreement` (accuracy of ``score >= 0.5`
 
 Run::
 
-    python benchmarks/reward_model_agreement.py                 # tiny random base model (3.2M params), ~1-2 min
+    python benchmarks/reward_model_agreement.py                 # tiny random base model (3.2M params)
     python benchmarks/reward_model_agreement.py --base embedded # SmolLM2-135M base (slow on CPU)
 """
 
@@ -65,9 +65,9 @@ def episodes(split: str, n: int, seed: int, tok: Any) -> list[Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", default="tiny", help="'tiny' (random 3.2M Llama), 'embedded' or a model path")
-    ap.add_argument("--train-episodes", type=int, default=300)
-    ap.add_argument("--heldout-episodes", type=int, default=150)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--train-episodes", type=int, default=240)
+    ap.add_argument("--heldout-episodes", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("runs/rm_agreement"))
