@@ -25,7 +25,8 @@ Run (the table in ``docs/training.md`` came from this command)::
 
     python benchmarks/algorithms.py --out runs/algorithms
 
-``--smoke`` runs a tiny version (a few hundred tokens, 10 tasks) that only checks the pipeline. Writes
+``--smoke`` runs a tiny version (~150 tokens per method, 5 tasks) that only checks the pipeline (add ``--base tiny``
+to start from a random 3.2M-parameter model: every row then trains on nothing it can succeed at). Writes
 ``OUT/results.json`` and ``OUT/table.md``.
 """
 
@@ -81,15 +82,20 @@ def _load(path: str | Path) -> tuple[Any, Any]:
     return load_model(str(path))
 
 
-def warm_start(out: Path, steps: int, seed: int, batch: int = 8, lr: float = 1e-4) -> Path:
-    """``steps`` oracle-SFT steps from the embedded model; saved to ``out/warm`` (reused when present)."""
-    from toolgym.models import load_model
+def warm_start(out: Path, steps: int, seed: int, batch: int = 8, lr: float = 1e-4, base: str = "embedded") -> Path:
+    """``steps`` oracle-SFT steps from ``base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter
+    Llama, for pipeline checks only; or a model path); saved to ``out/warm`` (reused when present)."""
+    from toolgym.models import load_model, load_tokenizer, tiny_random_model
     from trainers.sft import collect, oracle_policy, train_sft
 
     target = out / "warm"
     if (target / "config.json").is_file():
         return target
-    model, tok = load_model()
+    if base == "tiny":
+        tok = load_tokenizer()
+        model = tiny_random_model(tok)
+    else:
+        model, tok = load_model(None if base == "embedded" else base)
     kept, _ = collect(ENV, oracle_policy(ENV), _tasks("train", steps * batch, seed + 1), seeds=seed, num_envs=16,
                       env_kwargs={"split": "train", "tokenizer": tok})
     train_sft(model, tok, kept, output_dir=target, max_steps=steps, learning_rate=lr, batch_size=batch, seed=seed,
@@ -250,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--eval-seed", type=int, default=10_000)
     ap.add_argument("--warm", default=None, help="an existing warm-start checkpoint (default: build OUT/warm)")
     ap.add_argument("--warm-steps", type=int, default=4, help="oracle-SFT steps (batch 8, lr 1e-4) of the warm start")
+    ap.add_argument("--base", default="embedded",
+                    help="model the warm start begins from: embedded, tiny (pipeline checks only) or a path")
     ap.add_argument("--round-tasks", type=int, default=16, help="episodes per sampling round (SFT/RFT/DPO)")
     ap.add_argument("--max-turn-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)
@@ -279,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    warm = Path(a.warm) if a.warm else warm_start(a.out, a.warm_steps, a.seed)
+    warm = Path(a.warm) if a.warm else warm_start(a.out, a.warm_steps, a.seed, base=a.base)
     eval_tasks = _tasks("test", a.eval_tasks, a.eval_seed)
     results: list[dict[str, Any]] = []
 
