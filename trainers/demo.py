@@ -1,14 +1,24 @@
-"""``make demo``: teach the embedded SmolLM2-135M to use a calculator on a 2-core CPU, for real.
+"""``make demo``: GRPO teaches the embedded SmolLM2-135M to use a calculator on a 2-core CPU, measurably.
 
-1. Held-out evaluation of the untrained model (greedy, ``test`` split of Calculator-v0, a fixed seed set).
-   Untrained, it never calls a tool, so it fails at 3-5 digit arithmetic.
-2. RFT/SFT warm start: an oracle rolls out ``train``-split episodes (call ``calculator``, answer with the
-   result); the model is fine-tuned on them with the env's loss mask (:mod:`trainers.sft`).
-3. Held-out evaluation again (same tasks, same seeds).
-4. GRPO through the TRL adapter (:mod:`trainers.rollout_func`): the model's own multi-turn episodes, env reward.
-   A progress bar, and per step: reward, success, tool-call rate, error kinds.
-5. Held-out evaluation again; a plot (``demo.png``), the metrics (``metrics.json``) and every trajectory
-   (``trajectories/*.jsonl``) are written under the output directory.
+1. Held-out evaluation of the untrained model: ``eval_tasks`` (100) distinct tasks of Calculator-v0's ``test``
+   split with fixed seeds, greedy decoding, all in one batch. Untrained, it never calls a tool.
+2. A deliberately short warm start: ``warmstart_steps`` (3) masked-SFT steps on oracle episodes of the
+   ``train`` split. It teaches the *format* of a call (``<tool_call>{...}</tool_call>`` then ``<answer>``), not
+   yet reliable use: held-out success stays low, which leaves GRPO room to learn.
+3. Held-out evaluation again (same tasks, same seeds); the checkpoint is saved (``warmstart/``).
+4. GRPO through the TRL adapter (:func:`trainers.grpo.build_trainer`, :class:`trainers.rollout_func.ToolgymRollout`)
+   on ``train``-split tasks: the model's own multi-turn episodes, the env's reward. Per step: reward,
+   ``frac_reward_zero_std`` (share of groups GRPO cannot learn from), success, tool-call rate, error kinds.
+5. Held-out evaluation again; the paired difference (after GRPO - after warm start, same tasks and seeds) with
+   its 95% CI; the final checkpoint (``final/``), a plot (``demo.png``), ``metrics.json`` and every trajectory
+   (``trajectories/*.jsonl``) under ``output_dir``.
+
+No test-split task is ever trained on: Calculator-v0's splits are disjoint by a hash of the expression, and the
+warm-start and GRPO tasks are drawn from ``train``.
+
+Speed (2 CPU cores): generation prefill dominates, so the demo renders the tool list compactly and uses a short
+system prompt (:mod:`trainers.compact`, ~95 prompt tokens instead of ~290), identically for warm start, GRPO and
+every evaluation; both checkpoints carry that chat template in their tokenizer.
 
 Run::
 
@@ -19,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +44,7 @@ if __package__ in (None, ""):
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-__all__ = ["DemoConfig", "main", "run_demo"]
+__all__ = ["DemoConfig", "main", "paired_difference_ci", "run_demo", "wilson_interval"]
 
 ENV_ID = "toolgym/Calculator-v0"
 
@@ -44,25 +56,25 @@ class DemoConfig:
     output_dir: str = "runs/demo"
     seed: int = 0
     threads: int = 2
-    # evaluation (held-out: Calculator-v0 "test" split, fixed seeds)
-    eval_tasks: int = 24
+    compact_prompt: bool = True
+    # evaluation (held-out: Calculator-v0 "test" split, fixed distinct tasks and seeds, greedy, one batch)
+    eval_tasks: int = 100
     eval_seed: int = 10_000
     max_turn_tokens: int = 64
-    # RFT/SFT warm start on oracle trajectories ("train" split)
-    sft_episodes: int = 64
-    sft_epochs: float = 2.0
-    sft_lr: float = 1e-4
-    sft_batch_size: int = 8
-    # GRPO through the adapter
-    grpo_steps: int = 8
-    grpo_tasks: int = 64
+    # warm start: masked SFT on oracle episodes ("train" split)
+    warmstart_episodes: int = 32
+    warmstart_steps: int = 3
+    warmstart_batch_size: int = 8
+    warmstart_lr: float = 5e-5
+    # GRPO through the adapter ("train" split)
+    grpo_steps: int = 10
+    grpo_tasks: int = 256
     grpo_num_generations: int = 8
-    grpo_prompts_per_step: int = 1
-    grpo_lr: float = 5e-6
+    grpo_prompts_per_step: int = 2
+    grpo_lr: float = 3e-5
     grpo_temperature: float = 1.0
     grpo_max_completion_length: int = 160
     grpo_beta: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _load(path: str | None) -> DemoConfig:
@@ -79,7 +91,41 @@ def _load(path: str | None) -> DemoConfig:
     return DemoConfig(**raw)
 
 
-def _tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics (small and local; toolgym.eval has the library versions)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (``z`` = 1.96: 95%)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def paired_difference_ci(before: Sequence[float], after: Sequence[float], z: float = 1.96) -> dict[str, float]:
+    """Mean of ``after[i] - before[i]`` with a normal-approximation 95% CI (paired: same tasks and seeds)."""
+    if len(before) != len(after) or not before:
+        raise ValueError("paired_difference_ci needs two equally long, non-empty sequences")
+    d = [float(a) - float(b) for b, a in zip(before, after, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n)
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pieces
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _tasks(split: str, n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+    """``n`` distinct tasks of ``split`` drawn reproducibly from ``seed`` (none whose id is in ``exclude``)."""
     import numpy as np
 
     from toolgym.envs.calculator import generate_task
@@ -88,92 +134,133 @@ def _tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
     while len(rows) < n:
         t = generate_task(rng, split)
-        rows.setdefault(t["id"], t)
+        if t["id"] not in exclude:
+            rows.setdefault(t["id"], t)
     return list(rows.values())
+
+
+def prompt_kwargs(compact: bool) -> dict[str, Any]:
+    """The env kwargs that fix the prompt (same for warm start, GRPO and evaluation)."""
+    if not compact:
+        return {}
+    from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template
+
+    return {"system_prompt": COMPACT_SYSTEM_PROMPT, "chat_template": compact_tools_template()}
 
 
 def _fmt(s: dict[str, Any]) -> str:
     errs = ", ".join(f"{k}={v}" for k, v in sorted(s.get("errors", {}).items())) or "none"
-    return (f"success {s['success']:.1%}  reward {s['reward']:.3f}  tool-call rate {s['tool_call_rate']:.1%}  "
-            f"calls/ep {s['calls_per_episode']:.2f}  turns {s['turns']:.2f}  errors: {errs}")
+    lo, hi = s["success_ci95"]
+    return (f"success {s['success']:.1%} [95% CI {lo:.1%}, {hi:.1%}]  tool-call rate {s['tool_call_rate']:.1%}  "
+            f"calls/ep {s['calls_per_episode']:.2f}  turns {s['turns']:.2f}  errors: {errs}  ({s['wall_s']:.0f} s)")
+
+
+def _decode_completion(tok: Any, traj: Any) -> str:
+    return tok.decode(list(traj.completion_ids), skip_special_tokens=False).replace("\n", "\\n")
 
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the metrics dict (also written to ``output_dir/metrics.json``)."""
+    t_start = time.perf_counter()
     import gymnasium as gym
     import torch
     from gymnasium.vector import AutoresetMode
     from transformers import TrainerCallback
+    from trl import GRPOConfig
 
     import toolgym  # noqa: F401
     from toolgym.models import load_model
     from toolgym.rollout import RolloutDriver, TransformersPolicy, summarize, write_trajectories
+    from trainers.compact import save_checkpoint
     from trainers.grpo import ToolgymGRPOArgs, build_trainer
-    from trainers.sft import collect, oracle_policy, train_sft
+    from trainers.sft import collect, masked_sft, oracle_policy
 
-    t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     (out / "trajectories").mkdir(parents=True, exist_ok=True)
-    for old in (out / "trajectories").glob("*.jsonl"):
+    for old in (out / "trajectories").glob("**/*.jsonl"):
         old.unlink()
 
     print("[demo] loading the embedded model (SmolLM2-135M-Instruct) ...", flush=True)
     model, tok = load_model()
+    pk = prompt_kwargs(cfg.compact_prompt)
     eval_tasks = _tasks("test", cfg.eval_tasks, cfg.eval_seed)
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
-    venv = gym.make_vec(ENV_ID, num_envs=min(32, len(eval_tasks)), autoreset_mode=AutoresetMode.DISABLED,
-                        split="test", tokenizer=tok)
+    venv = gym.make_vec(ENV_ID, num_envs=len(eval_tasks), autoreset_mode=AutoresetMode.DISABLED,
+                        split="test", tokenizer=tok, **pk)
+    prompt_len = len(venv.reset(seed=eval_seeds, options={"tasks": eval_tasks})[0][0])
+    print(f"[demo] held-out set: {len(eval_tasks)} distinct Calculator-v0 test tasks, seeds {eval_seeds[0]}.."
+          f"{eval_seeds[-1]}, greedy; prompt {'compact' if pk else 'default'} ({prompt_len} tokens)", flush=True)
 
-    def evaluate(tag: str) -> dict[str, Any]:
+    def evaluate(tag: str) -> tuple[dict[str, Any], list[float], list[Any]]:
         t0 = time.perf_counter()
         policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
         driver = RolloutDriver(venv, policy, max_turn_tokens=cfg.max_turn_tokens)
-        trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=True)
+        trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
         write_trajectories(out / "trajectories" / f"eval_{tag}.jsonl", trajs)
         s = summarize(trajs)
+        wins = [float(t.outcome_reward >= 1.0) for t in trajs]
+        s["n_tasks"] = len(trajs)
+        s["success_ci95"] = list(wilson_interval(int(sum(wins)), len(wins)))
         s["wall_s"] = round(time.perf_counter() - t0, 1)
-        print(f"[demo] held-out ({len(trajs)} tasks) {tag}: {_fmt(s)}", flush=True)
-        return s
+        print(f"[demo] held-out {tag:<16}: {_fmt(s)}", flush=True)
+        return s, wins, trajs
 
-    metrics: dict[str, Any] = {"config": asdict(cfg)}
-    metrics["eval_before"] = evaluate("before")
+    metrics: dict[str, Any] = {
+        "env_id": ENV_ID, "eval_split": "test", "eval_task_ids": [t["id"] for t in eval_tasks],
+        "eval_seeds": eval_seeds, "prompt": {"compact": bool(pk), "system_prompt": pk.get("system_prompt"),
+                                             "prompt_tokens": prompt_len},
+        "config": asdict(cfg),
+    }
+    metrics["eval_before"], wins_before, _ = evaluate("before")
 
-    # -- RFT/SFT warm start --------------------------------------------------------------------------
+    # -- warm start: a few masked-SFT steps on oracle episodes ----------------------------------------------------
     t0 = time.perf_counter()
-    sft_tasks = _tasks("train", cfg.sft_episodes, cfg.seed + 1)
-    kept, alltr = collect(ENV_ID, oracle_policy(ENV_ID), sft_tasks, seeds=cfg.seed, num_envs=16,
-                          env_kwargs={"split": "train", "tokenizer": tok},
-                          trajectory_path=out / "trajectories" / "sft_oracle.jsonl")
-    print(f"[demo] RFT: oracle rolled out {len(alltr)} episodes, kept {len(kept)} with reward 1; fine-tuning "
-          f"on {sum(sum(t.loss_mask) for t in kept)} model tokens (env tokens masked) ...", flush=True)
-    sft = train_sft(model, tok, kept, output_dir=out / "sft", epochs=cfg.sft_epochs, learning_rate=cfg.sft_lr,
-                    batch_size=cfg.sft_batch_size, seed=cfg.seed, logging_steps=4)
-    metrics["sft"] = {"episodes": len(kept), "wall_s": round(time.perf_counter() - t0, 1),
-                      "loss": [h["loss"] for h in sft.state.log_history if "loss" in h]}
-    metrics["eval_after_sft"] = evaluate("after_sft")
+    ws_tasks = _tasks("train", cfg.warmstart_episodes, cfg.seed + 1)
+    kept, alltr = collect(ENV_ID, oracle_policy(ENV_ID), ws_tasks, seeds=cfg.seed, num_envs=16,
+                          max_turn_tokens=cfg.max_turn_tokens, env_kwargs={"split": "train", "tokenizer": tok, **pk},
+                          trajectory_path=out / "trajectories" / "warmstart_oracle.jsonl")
+    n_tok = sum(sum(t.loss_mask) for t in kept)
+    print(f"[demo] warm start: {cfg.warmstart_steps} masked-SFT steps (batch {cfg.warmstart_batch_size}, lr "
+          f"{cfg.warmstart_lr:g}) on {len(kept)} oracle episodes of the train split ({n_tok} policy tokens; env "
+          "tokens masked).\n[demo]   it shows the format of a call and an answer, e.g.: "
+          f"{_decode_completion(tok, kept[0])}", flush=True)
+    losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
+                        batch_size=cfg.warmstart_batch_size, seed=cfg.seed)
+    metrics["warmstart"] = {"episodes": len(kept), "policy_tokens": n_tok, "steps": cfg.warmstart_steps,
+                            "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
+    print(f"[demo] warm start done in {metrics['warmstart']['wall_s']:.0f} s: loss "
+          + " -> ".join(f"{x:.2f}" for x in losses), flush=True)
+    metrics["eval_after_warmstart"], wins_ws, trajs_ws = evaluate("after warm start")
+    ckpt_ws = save_checkpoint(model, tok, out / "warmstart", chat_template=pk.get("chat_template"))
+    print(f"[demo]   e.g. held-out task {eval_tasks[0]['expression']!r} -> {_decode_completion(tok, trajs_ws[0])}",
+          flush=True)
 
-    # -- GRPO through the adapter ---------------------------------------------------------------------
-    from trl import GRPOConfig
-
+    # -- GRPO through the adapter --------------------------------------------------------------------------------
     t0 = time.perf_counter()
     per_step: list[dict[str, Any]] = []
+    last = [time.perf_counter()]
 
     class StepPrinter(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if not logs or "reward" not in logs:
                 return
+            now = time.perf_counter()
             errs = {k.split("/")[-1]: v for k, v in logs.items() if k.startswith("toolgym/errors/") and v}
-            row = {"step": state.global_step, "reward": logs.get("reward"),
+            row = {"step": state.global_step, "reward": logs.get("reward"), "reward_std": logs.get("reward_std"),
+                   "frac_reward_zero_std": logs.get("frac_reward_zero_std"),
                    "success": logs.get("toolgym/success"), "tool_call_rate": logs.get("toolgym/tool_call_rate"),
                    "calls_per_episode": logs.get("toolgym/calls_per_episode"), "errors": errs,
-                   "turns": logs.get("toolgym/turns"), "loss": logs.get("loss")}
+                   "turns": logs.get("toolgym/turns"), "loss": logs.get("loss"),
+                   "step_s": round(now - last[0], 1)}
+            last[0] = now
             per_step.append(row)
             err_s = ", ".join(f"{k}={v:.2f}" for k, v in errs.items()) or "none"
-            print(f"\n[grpo] step {row['step']:>3}  reward {row['reward']:.3f}  success {row['success']:.2f}  "
-                  f"tool-call rate {row['tool_call_rate']:.2f}  errors/ep: {err_s}", flush=True)
+            print(f"[grpo] step {row['step']:>3}/{cfg.grpo_steps}  reward {row['reward']:.3f}  "
+                  f"frac_reward_zero_std {row['frac_reward_zero_std']:.2f}  tool-call rate "
+                  f"{row['tool_call_rate']:.2f}  errors/ep: {err_s}  ({row['step_s']:.0f} s)", flush=True)
 
     bs = cfg.grpo_num_generations * cfg.grpo_prompts_per_step
     args = GRPOConfig(
@@ -181,28 +268,47 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         per_device_train_batch_size=bs, num_generations=cfg.grpo_num_generations,
         max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
         beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(), **cfg.extra,
+        use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
     )
-    tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={"split": "train"}, max_turn_tokens=cfg.max_turn_tokens,
+    tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
                          trajectory_dir=str(out / "trajectories" / "grpo"))
+    grpo_tasks = _tasks("train", cfg.grpo_tasks, cfg.seed + 2)
+    print(f"[demo] GRPO: {cfg.grpo_steps} steps x {cfg.grpo_prompts_per_step} train tasks x "
+          f"{cfg.grpo_num_generations} samples (temperature {cfg.grpo_temperature:g}, lr {cfg.grpo_lr:g}, "
+          f"beta {cfg.grpo_beta:g}) through trainers.rollout_func.ToolgymRollout", flush=True)
     model.train()
-    trainer, _ = build_trainer(tg, args, model=model, tokenizer=tok,
-                               tasks=_tasks("train", cfg.grpo_tasks, cfg.seed + 2), callbacks=[StepPrinter()])
+    trainer, _ = build_trainer(tg, args, model=model, tokenizer=tok, tasks=grpo_tasks, callbacks=[StepPrinter()])
+    last[0] = time.perf_counter()
     trainer.train()
     model.eval()
-    metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1)}
-    metrics["eval_after_grpo"] = evaluate("after_grpo")
+    metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
+                       "episodes": cfg.grpo_steps * bs}
+    metrics["eval_after_grpo"], wins_after, trajs_after = evaluate("after GRPO")
+    print(f"[demo]   e.g. held-out task {eval_tasks[0]['expression']!r} -> {_decode_completion(tok, trajs_after[0])}",
+          flush=True)
+    ckpt_final = save_checkpoint(model, tok, out / "final", chat_template=pk.get("chat_template"))
+    metrics["checkpoints"] = {"warmstart": str(ckpt_ws), "final": str(ckpt_final)}
+    metrics["grpo_gain"] = paired_difference_ci(wins_ws, wins_after)
+    metrics["warmstart_gain"] = paired_difference_ci(wins_before, wins_ws)
     metrics["total_wall_s"] = round(time.perf_counter() - t_start, 1)
 
     _plot(metrics, out / "demo.png")
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
-    b, m, a = metrics["eval_before"], metrics["eval_after_sft"], metrics["eval_after_grpo"]
-    print("\n[demo] ===== held-out success (same tasks, same seeds) =====")
-    print(f"[demo]   before training : {b['success']:.1%}   (tool-call rate {b['tool_call_rate']:.1%})")
-    print(f"[demo]   after RFT/SFT   : {m['success']:.1%}   (tool-call rate {m['tool_call_rate']:.1%})")
-    print(f"[demo]   after GRPO      : {a['success']:.1%}   (tool-call rate {a['tool_call_rate']:.1%})")
-    print(f"[demo] wrote {out / 'demo.png'}, {out / 'metrics.json'}, {out / 'trajectories'}/ "
-          f"in {metrics['total_wall_s']:.0f} s")
+    tmp = out / "metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics, indent=2, default=str))
+    tmp.replace(out / "metrics.json")
+    b, m, a = metrics["eval_before"], metrics["eval_after_warmstart"], metrics["eval_after_grpo"]
+    g = metrics["grpo_gain"]
+    print(f"\n[demo] ===== held-out success, {a['n_tasks']} Calculator-v0 test tasks (same tasks and seeds, greedy) "
+          "=====")
+    for name, s in (("before training", b), ("after warm start", m), ("after GRPO", a)):
+        lo, hi = s["success_ci95"]
+        print(f"[demo]   {name:<17}: {s['success']:6.1%}  [95% CI {lo:.1%}, {hi:.1%}]   "
+              f"tool-call rate {s['tool_call_rate']:.1%}")
+    verdict = "excludes 0" if g["lo"] > 0 or g["hi"] < 0 else "includes 0"
+    print(f"[demo]   GRPO's own gain (paired, after GRPO - after warm start): {g['mean']:+.1%} "
+          f"[95% CI {g['lo']:+.1%}, {g['hi']:+.1%}] ({verdict})")
+    print(f"[demo] wrote {out / 'demo.png'}, {out / 'metrics.json'}, checkpoints {ckpt_ws} and {ckpt_final}, "
+          f"trajectories in {out / 'trajectories'}/ -- total {metrics['total_wall_s']:.0f} s")
     return metrics
 
 
@@ -215,36 +321,44 @@ def _plot(metrics: dict[str, Any], path: Path) -> None:
     steps = metrics["grpo"]["steps"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     xs = [s["step"] for s in steps]
-    ax1.plot(xs, [s["reward"] for s in steps], "o-", label="reward (env)")
+    ax1.plot(xs, [s["reward"] for s in steps], "o-", label="mean reward (= success)")
     ax1.plot(xs, [s["tool_call_rate"] for s in steps], "s--", label="tool-call rate")
+    ax1.plot(xs, [s["frac_reward_zero_std"] for s in steps], "x:", label="frac_reward_zero_std")
     ax1.set_xlabel("GRPO step")
     ax1.set_ylim(-0.05, 1.05)
-    ax1.set_title("GRPO on Calculator-v0 (training episodes)")
-    ax1.legend()
-    names = ["before", "after RFT/SFT", "after GRPO"]
-    keys = ["eval_before", "eval_after_sft", "eval_after_grpo"]
+    ax1.set_title("GRPO on Calculator-v0 (training episodes, train split)")
+    ax1.legend(loc="lower right", fontsize=8)
+    names = ["before", "after warm start", "after GRPO"]
+    keys = ["eval_before", "eval_after_warmstart", "eval_after_grpo"]
     vals = [metrics[k]["success"] for k in keys]
-    bars = ax2.bar(names, vals, color=["#bbb", "#7aa6d8", "#2f6db5"])
-    for b, v in zip(bars, vals, strict=True):
-        ax2.text(b.get_x() + b.get_width() / 2, v + 0.02, f"{v:.0%}", ha="center")
-    ax2.set_ylim(0, 1.1)
-    ax2.set_title(f"held-out success ({metrics['eval_before']['episodes']} test tasks, same seeds)")
+    err = [[v - metrics[k]["success_ci95"][0] for k, v in zip(keys, vals, strict=True)],
+           [metrics[k]["success_ci95"][1] - v for k, v in zip(keys, vals, strict=True)]]
+    bars = ax2.bar(names, vals, yerr=err, capsize=4, color=["#bbb", "#7aa6d8", "#2f6db5"])
+    for bar, v in zip(bars, vals, strict=True):
+        ax2.text(bar.get_x() + bar.get_width() / 2, v + 0.06, f"{v:.0%}", ha="center")
+    ax2.set_ylim(0, 1.15)
+    g = metrics["grpo_gain"]
+    ax2.set_title(f"held-out success ({metrics['eval_before']['n_tasks']} test tasks, same seeds)\n"
+                  f"GRPO gain {g['mean']:+.0%} [95% CI {g['lo']:+.0%}, {g['hi']:+.0%}]", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="toolgym demo: RFT + GRPO on Calculator-v0 with the embedded model")
+    ap = argparse.ArgumentParser(description="toolgym demo: warm start + GRPO on Calculator-v0 with the embedded model")
     ap.add_argument("--config", default=None, help="YAML with DemoConfig fields (trainers/configs/demo_cpu.yaml)")
     ap.add_argument("--output-dir", default=None)
     ap.add_argument("--grpo-steps", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args(argv)
     cfg = _load(a.config)
     if a.output_dir:
         cfg.output_dir = a.output_dir
     if a.grpo_steps is not None:
         cfg.grpo_steps = a.grpo_steps
+    if a.seed is not None:
+        cfg.seed = a.seed
     run_demo(cfg)
 
 

@@ -1,4 +1,5 @@
-"""Rewards: the async :class:`Reward` protocol, rules, tool verification, an LLM judge, and combinations.
+"""Rewards: the async :class:`Reward` protocol, rules, tool verification, an LLM judge, a learned reward model,
+and combinations.
 
 See ``docs/rewards.md``.
 """
@@ -6,6 +7,7 @@ See ``docs/rewards.md``.
 from toolgym.rewards.base import FunctionReward, Reward, RewardLike, as_reward
 from toolgym.rewards.combine import Combine, outcome_with_components, score_batch, turn_with_components
 from toolgym.rewards.judge import DEFAULT_JUDGE_PROMPT, JudgeErrorKind, JudgeResult, LLMJudge, parse_score
+from toolgym.rewards.reward_model import RewardModelError, RewardModelErrorKind, RewardModelReward
 from toolgym.rewards.rules import (
     F1,
     AnswerFormat,
@@ -35,6 +37,9 @@ __all__ = [
     "NumericMatch",
     "Reward",
     "RewardLike",
+    "RewardModelError",
+    "RewardModelErrorKind",
+    "RewardModelReward",
     "RuleReward",
     "ToolCallFormat",
     "ToolVerified",

@@ -1,0 +1,326 @@
+"""One comparison table: oracle SFT, RFT, DPO, GRPO and GRPO (``dr_grpo``) on Calculator-v0, from the same
+warm-started checkpoint, with the same budget of generated tokens, on the same held-out test tasks.
+
+* **Warm start** (shared by every row): ``--warm-steps`` oracle-SFT steps on ``train``-split episodes from the
+  embedded SmolLM2-135M-Instruct (a partial warm start: GRPO needs some successes at temperature 1), saved once
+  under ``OUT/warm`` (or ``--warm PATH``: an existing checkpoint, e.g. the demo's).
+* **Budget = generated tokens**: every method trains until the tokens its training episodes' turns took
+  (``RolloutStats.generated_tokens``: tokens the policy sampled; for oracle SFT the oracle's action tokens) reach
+  ``--budget``; it stops at the first step / round boundary past it, so the column reports what each really used.
+  Evaluation tokens are not counted.
+
+  - ``sft``: oracle episodes (train split) in rounds of ``--round-tasks``, one SFT epoch per round (``trainers.sft``);
+  - ``rft``: rounds of one sampled episode per task (temperature 1), keep reward 1, SFT on them (``trainers.sft``:
+    rejection sampling from the model itself, iterated; ``k`` = the rounds the budget allowed);
+  - ``dpo``: rounds of ``--dpo-samples`` episodes per task, pairs (margin 0.5), DPO (``trainers.dpo``: loss mask
+    as ``completion_mask``; the reference model is the policy at each round start);
+  - ``grpo`` / ``grpo_dr``: TRL ``GRPOTrainer`` through ``trainers.rollout_func`` (``loss_type`` ``grpo`` /
+    ``dr_grpo``), ``--grpo-generations`` episodes per prompt, stopped by a callback at the budget.
+* **Held-out**: ``--eval-tasks`` distinct Calculator-v0 ``test``-split tasks (never trained on), greedy, the same
+  tasks and seeds for every row (``toolgym.eval.evaluate``): success with its 95% Wilson interval, the paired
+  difference to the warm start with its 95% CI (``toolgym.eval.paired_difference_ci``), tool-call rate.
+* **Wall time**: training only (sampling + updates), seconds on this machine; a shared machine makes it noisy.
+
+Run (the table in ``docs/training.md`` came from this command)::
+
+    python benchmarks/algorithms.py --out runs/algorithms
+
+``--smoke`` runs a tiny version (~150 tokens per method, 5 tasks) that only checks the pipeline (add ``--base tiny``
+to start from a random 3.2M-parameter model: every row then trains on nothing it can succeed at). Writes
+``OUT/results.json`` and ``OUT/table.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ENV = "toolgym/Calculator-v0"
+METHODS = ("sft", "rft", "dpo", "grpo", "grpo_dr")
+
+
+def _tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    import numpy as np
+
+    from toolgym.envs.calculator import generate_task
+
+    rng = np.random.default_rng(seed)
+    rows: dict[str, dict[str, Any]] = {}
+    while len(rows) < n:
+        t = generate_task(rng, split)
+        rows.setdefault(t["id"], t)
+    return list(rows.values())
+
+
+class TaskStream:
+    """Endless distinct ``train`` tasks in a fixed order (every method sees the same sequence)."""
+
+    def __init__(self, seed: int, n: int = 4096) -> None:
+        self.rows = _tasks("train", n, seed)
+        self.pos = 0
+
+    def take(self, n: int) -> list[dict[str, Any]]:
+        out = [self.rows[(self.pos + i) % len(self.rows)] for i in range(n)]
+        self.pos += n
+        return out
+
+
+def _load(path: str | Path) -> tuple[Any, Any]:
+    from toolgym.models import load_model
+
+    return load_model(str(path))
+
+
+def warm_start(out: Path, steps: int, seed: int, batch: int = 8, lr: float = 1e-4, base: str = "embedded") -> Path:
+    """``steps`` oracle-SFT steps from ``base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter
+    Llama, for pipeline checks only; or a model path); saved to ``out/warm`` (reused when present)."""
+    from toolgym.models import load_model, load_tokenizer, tiny_random_model
+    from trainers.sft import collect, oracle_policy, train_sft
+
+    target = out / "warm"
+    if (target / "config.json").is_file():
+        return target
+    if base == "tiny":
+        tok = load_tokenizer()
+        model = tiny_random_model(tok)
+    else:
+        model, tok = load_model(None if base == "embedded" else base)
+    kept, _ = collect(ENV, oracle_policy(ENV), _tasks("train", steps * batch, seed + 1), seeds=seed, num_envs=16,
+                      env_kwargs={"split": "train", "tokenizer": tok})
+    train_sft(model, tok, kept, output_dir=target, max_steps=steps, learning_rate=lr, batch_size=batch, seed=seed,
+              logging_steps=1, disable_tqdm=True)
+    model.save_pretrained(str(target))
+    tok.save_pretrained(str(target))
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The methods: each trains `model` in place until `budget` generated tokens; returns {"tokens", ...}
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def run_sft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
+    from trainers.sft import collect, oracle_policy, train_sft
+
+    tokens = rounds = 0
+    while tokens < budget:
+        kept, alltr = collect(ENV, oracle_policy(ENV), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
+                              env_kwargs={"split": "train", "tokenizer": tok})
+        tokens += sum(sum(t.loss_mask) for t in alltr)
+        train_sft(model, tok, kept, output_dir=a.out / "tmp", epochs=1, learning_rate=a.sft_lr,
+                  batch_size=a.batch_size, seed=a.seed, disable_tqdm=True)
+        rounds += 1
+    return {"tokens": tokens, "rounds": rounds}
+
+
+def run_rft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
+    from toolgym.rollout import RolloutDriver, TransformersPolicy
+    from trainers.sft import train_sft
+
+    tokens = rounds = kept_total = 0
+    while tokens < budget:
+        policy = TransformersPolicy(model, tok, temperature=1.0, seed=a.seed + rounds, return_logprobs=False)
+        driver = RolloutDriver(ENV, policy, max_turn_tokens=a.max_turn_tokens, num_envs=16,
+                               env_kwargs={"split": "train", "tokenizer": tok})
+        trajs = driver.run(stream.take(a.round_tasks), seeds=a.seed + 1000 * rounds)
+        driver.venv.close()
+        tokens += driver.stats.generated_tokens
+        kept = [t for t in trajs if t.reward >= 1.0]
+        kept_total += len(kept)
+        if kept:
+            train_sft(model, tok, kept, output_dir=a.out / "tmp", epochs=1, learning_rate=a.sft_lr,
+                      batch_size=a.batch_size, seed=a.seed, disable_tqdm=True)
+        rounds += 1
+    return {"tokens": tokens, "rounds": rounds, "kept": kept_total}
+
+
+def run_dpo(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
+    from toolgym.rollout import TransformersPolicy
+    from trainers.dpo import sample_pairs, train_dpo
+
+    tokens = rounds = pairs_total = 0
+    n_tasks = max(1, a.round_tasks // a.dpo_samples)
+    while tokens < budget:
+        policy = TransformersPolicy(model, tok, temperature=1.0, seed=a.seed + rounds, return_logprobs=False)
+        pairs, _, stats = sample_pairs(ENV, policy, stream.take(n_tasks), samples_per_task=a.dpo_samples,
+                                       margin=0.5, pairs_per_task=2, seed=a.seed + 1000 * rounds,
+                                       max_turn_tokens=a.max_turn_tokens, env_kwargs={"split": "train",
+                                                                                      "tokenizer": tok})
+        tokens += int(stats["generated_tokens"])
+        pairs_total += len(pairs)
+        if pairs:
+            train_dpo(model, tok, pairs, output_dir=a.out / "tmp", beta=a.dpo_beta, learning_rate=a.dpo_lr,
+                      batch_size=a.batch_size, epochs=1, seed=a.seed, disable_tqdm=True)
+        rounds += 1
+    return {"tokens": tokens, "rounds": rounds, "pairs": pairs_total}
+
+
+def _run_grpo(loss_type: str) -> Callable[..., dict[str, Any]]:
+    def run(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
+        import torch
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+
+        from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
+
+        tasks = stream.take(4 * a.round_tasks)
+        rollout = ToolgymRollout(ENV, tasks, env_kwargs={"split": "train", "tokenizer": tok},
+                                 max_turn_tokens=a.max_turn_tokens)
+        used = {"tokens": 0, "steps": 0}
+
+        def counted(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+            out = rollout(prompts, trainer)
+            used["tokens"] += int(rollout.last_stats.generated_tokens)
+            return out
+
+        class Budget(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                used["steps"] = state.global_step
+                if used["tokens"] >= budget:
+                    control.should_training_stop = True
+
+        args = GRPOConfig(
+            output_dir=str(a.out / "tmp"), max_steps=10_000, learning_rate=a.grpo_lr, loss_type=loss_type,
+            per_device_train_batch_size=a.grpo_generations * a.grpo_prompts, num_generations=a.grpo_generations,
+            max_completion_length=160, temperature=1.0, beta=0.0, logging_steps=1, save_strategy="no",
+            report_to=[], seed=a.seed, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
+        )
+        model.train()
+        trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[env_reward], args=args,
+                              train_dataset=make_dataset(tasks, repeat=8), rollout_func=counted, callbacks=[Budget()])
+        trainer.train()
+        model.eval()
+        rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+        return {"tokens": used["tokens"], "steps": used["steps"], "train_reward": rewards}
+
+    return run
+
+
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "sft": run_sft, "rft": run_rft, "dpo": run_dpo, "grpo": _run_grpo("grpo"), "grpo_dr": _run_grpo("dr_grpo"),
+}
+LABELS = {"warm": "warm start (no further training)", "sft": "oracle SFT", "rft": "RFT", "dpo": "DPO",
+          "grpo": "GRPO (`loss_type=grpo`)", "grpo_dr": "GRPO (`loss_type=dr_grpo`)"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Evaluation and the table
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def held_out(model: Any, tok: Any, tasks: Sequence[dict[str, Any]], a: argparse.Namespace) -> Any:
+    from toolgym.eval import evaluate
+    from toolgym.rollout import TransformersPolicy
+
+    policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
+    return evaluate(ENV, policy, list(tasks), seed=a.eval_seed, split="test", env_kwargs={"tokenizer": tok},
+                    num_envs=min(32, len(tasks)), max_turn_tokens=a.max_turn_tokens)
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The markdown table of :func:`main`'s result rows."""
+    head = ("| method | held-out success [95% CI] | Δ vs warm start [95% CI] | tool-call rate | train wall s "
+            "| tokens generated | notes |\n|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lo, hi = r["success_ci95"]
+        d = r.get("delta")
+        delta = "—" if d is None else f"{d['mean']:+.1%} [{d['lo']:+.1%}, {d['hi']:+.1%}]"
+        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {r['success']:.1%} [{lo:.1%}, {hi:.1%}] | {delta} "
+                     f"| {r['tool_call_rate']:.1%} | {r['train_wall_s']:.0f} | {r['tokens']} | {r.get('notes', '')} |")
+    return "\n".join(lines)
+
+
+def _notes(info: dict[str, Any]) -> str:
+    keys = ("rounds", "steps", "kept", "pairs")
+    return ", ".join(f"{k} {info[k]}" for k in keys if k in info)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/algorithms"))
+    ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}")
+    ap.add_argument("--budget", type=int, default=6000, help="generated tokens per method")
+    ap.add_argument("--eval-tasks", type=int, default=100)
+    ap.add_argument("--eval-seed", type=int, default=10_000)
+    ap.add_argument("--warm", default=None, help="an existing warm-start checkpoint (default: build OUT/warm)")
+    ap.add_argument("--warm-steps", type=int, default=4, help="oracle-SFT steps (batch 8, lr 1e-4) of the warm start")
+    ap.add_argument("--base", default="embedded",
+                    help="model the warm start begins from: embedded, tiny (pipeline checks only) or a path")
+    ap.add_argument("--round-tasks", type=int, default=16, help="episodes per sampling round (SFT/RFT/DPO)")
+    ap.add_argument("--max-turn-tokens", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--sft-lr", type=float, default=1e-4)
+    ap.add_argument("--dpo-samples", type=int, default=4, help="DPO: episodes per task")
+    ap.add_argument("--dpo-beta", type=float, default=0.1)
+    ap.add_argument("--dpo-lr", type=float, default=1e-5)
+    ap.add_argument("--grpo-lr", type=float, default=3e-5)
+    ap.add_argument("--grpo-generations", type=int, default=8)
+    ap.add_argument("--grpo-prompts", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="tiny run: checks the pipeline, measures nothing")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.budget, a.eval_tasks, a.warm_steps, a.round_tasks = 150, 5, 1, 4
+        a.grpo_generations, a.grpo_prompts, a.max_turn_tokens, a.dpo_samples = 2, 1, 48, 2
+    methods = [m.strip() for m in a.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        ap.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+
+    import torch
+
+    from toolgym.eval import paired_difference_ci
+
+    torch.set_num_threads(a.threads)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    warm = Path(a.warm) if a.warm else warm_start(a.out, a.warm_steps, a.seed, base=a.base)
+    eval_tasks = _tasks("test", a.eval_tasks, a.eval_seed)
+    results: list[dict[str, Any]] = []
+
+    def record(method: str, model: Any, tok: Any, info: dict[str, Any], wall: float) -> None:
+        rep = held_out(model, tok, eval_tasks, a)
+        row = {"method": method, "success": rep.success, "success_ci95": list(rep.success_ci95),
+               "tool_call_rate": rep.tool_call_rate, "train_wall_s": round(wall, 1), "tokens": info.get("tokens", 0),
+               "per_task_success": rep.per_task_success, "eval_wall_s": rep.wall_s, "info": info,
+               "notes": _notes(info)}
+        if results:
+            row["delta"] = paired_difference_ci(results[0]["per_task_success"], rep.per_task_success)
+        results.append(row)
+        print(f"[algorithms] {method}: success {rep.success:.1%} {tuple(round(x, 3) for x in rep.success_ci95)}, "
+              f"tool-call rate {rep.tool_call_rate:.1%}, {row['tokens']} tokens, train {wall:.0f} s", flush=True)
+        (a.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                                        "rows": results}, indent=2, default=str))
+
+    model, tok = _load(warm)
+    record("warm", model, tok, {"tokens": 0}, 0.0)
+    for m in methods:
+        del model
+        gc.collect()
+        model, tok = _load(warm)
+        torch.manual_seed(a.seed)
+        s = time.perf_counter()
+        info = RUNNERS[m](model, tok, a.budget, a, TaskStream(a.seed + 7))
+        record(m, model, tok, info, time.perf_counter() - s)
+    table = format_table(results)
+    (a.out / "table.md").write_text(table + "\n")
+    print(table)
+    print(f"[algorithms] total {time.perf_counter() - t0:.0f} s; wrote {a.out / 'results.json'}, {a.out / 'table.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,236 @@
+"""RFT: rejection-sampling fine-tuning on the model's **own** episodes (not an oracle's).
+
+Each round: sample ``k`` episodes per training task from the current model (temperature > 0), keep those whose
+reward clears ``threshold`` (optionally only the best per task), fine-tune on the kept episodes with the env's
+loss mask (:func:`trainers.sft.masked_sft`: only tokens the model sampled are trained), repeat. Oracle SFT
+(:func:`trainers.sft.train_sft` with :func:`trainers.sft.oracle_policy`) is behaviour cloning; RFT only ever
+trains on what the model itself wrote, so it needs a model that sometimes succeeds (e.g. after a short warm start).
+
+Per round it reports: sampled episodes, mean sampled reward, the share of tasks with at least one kept sample,
+kept episodes, SFT steps and loss, and (``eval_tasks > 0``) held-out greedy success on the ``eval_split``.
+
+CLI::
+
+    python -m trainers.rft --model runs/demo/warmstart --rounds 2 --tasks 64 --k 4 --output-dir runs/rft
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+__all__ = ["RFTConfig", "main", "rft_round", "run_rft", "select_samples"]
+
+
+def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
+    """A dataclass field with an immutable ``default`` and a ``--help`` text."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RFTConfig:
+    """Rejection-sampling fine-tuning (``python -m trainers.rft``; ``toolgym train rft``)."""
+
+    env_id: str = _f("toolgym/Calculator-v0", "toolgym env id to sample episodes from")
+    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "extra env kwargs (JSON on the command line), e.g. {\"max_turns\": 3}"})
+    model: str | None = _f(None, "model directory / hub id / .gguf (default: the embedded SmolLM2-135M)")
+    output_dir: str = _f("runs/rft", "where the model, rft_log.json and trajectories are written")
+    split: str = _f("train", "split the training tasks are drawn from (never the eval split)")
+    tasks: int = _f(64, "number of distinct training tasks per round")
+    task_seed: int = _f(1, "seed drawing the training tasks (env reset seeds task_seed ...)")
+    k: int = _f(4, "samples per task per round")
+    temperature: float = _f(1.0, "sampling temperature (> 0)")
+    threshold: float = _f(1.0, "keep samples whose episode reward is >= this")
+    best_per_task: bool = _f(False, "keep at most one sample per task (the highest reward)")
+    rounds: int = _f(2, "sample -> filter -> fine-tune rounds")
+    epochs: float = _f(1.0, "passes over the kept episodes per round (steps = ceil(epochs * kept / batch))")
+    max_steps: int = _f(0, "cap on SFT steps per round (0: no cap)")
+    lr: float = _f(5e-5, "AdamW learning rate (linear decay within a round)")
+    batch_size: int = _f(8, "episodes per SFT step")
+    max_turn_tokens: int = _f(64, "tokens sampled per assistant turn")
+    num_envs: int = _f(64, "episodes sampled in parallel")
+    eval_split: str = _f("test", "held-out split for per-round evaluation")
+    eval_tasks: int = _f(0, "held-out tasks evaluated (greedy) after each round; 0 = no evaluation")
+    eval_seed: int = _f(10_000, "seed of the held-out tasks (same tasks and seeds every round)")
+    seed: int = _f(0, "seed of sampling and SFT batch order")
+    threads: int = _f(0, "torch CPU threads (0: torch's default)")
+    save: bool = _f(True, "save the final model (Hugging Face format) to output_dir")
+
+
+def select_samples(trajectories: Sequence[Any], threshold: float, *, best_per_task: bool = False) -> list[Any]:
+    """The samples to train on: reward ``>= threshold``; with ``best_per_task`` only the highest-reward one per
+    task id (ties: the first sampled). Order follows ``trajectories``."""
+    kept = [t for t in trajectories if t.reward >= threshold]
+    if not best_per_task:
+        return kept
+    best: dict[str, Any] = {}
+    for t in kept:
+        key = str(t.task.get("id"))
+        if key not in best or t.reward > best[key].reward:
+            best[key] = t
+    chosen = {id(t) for t in best.values()}
+    return [t for t in kept if id(t) in chosen]
+
+
+def _draw_tasks(env_id: str, split: str, n: int, seed: int, env_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    from trainers.grpo import env_tasks
+
+    kwargs = dict(env_kwargs)
+    kwargs.setdefault("split", split)
+    return env_tasks(env_id, n, seed=seed, env_kwargs=kwargs)
+
+
+def rft_round(
+    model: Any,
+    tokenizer: Any,
+    env: Any,
+    tasks: Sequence[Mapping[str, Any]],
+    *,
+    k: int,
+    threshold: float,
+    temperature: float = 1.0,
+    best_per_task: bool = False,
+    epochs: float = 1.0,
+    max_steps: int = 0,
+    lr: float = 5e-5,
+    batch_size: int = 8,
+    max_turn_tokens: int = 64,
+    seed: int = 0,
+    env_kwargs: Mapping[str, Any] | None = None,
+    num_envs: int = 64,
+) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """One RFT round: sample ``k`` episodes per task from ``model`` (temperature ``temperature``), keep
+    :func:`select_samples`, fine-tune ``model`` in place on them (:func:`trainers.sft.masked_sft`).
+
+    ``env``: an env id or a vector env. Returns ``(kept, sampled, stats)``; ``stats`` has ``sampled``,
+    ``sample_reward``, ``tasks_with_kept`` (share of tasks with >= 1 kept sample), ``kept``, ``sft_steps``,
+    ``loss`` (per step) and ``wall_s``.
+    """
+    from toolgym.rollout import RolloutDriver, TransformersPolicy
+    from trainers.sft import masked_sft
+
+    if temperature <= 0:
+        raise ValueError("RFT samples from the model: temperature must be > 0")
+    t0 = time.perf_counter()
+    policy = TransformersPolicy(model, tokenizer, temperature=temperature, seed=seed, return_logprobs=False)
+    rows = [dict(t) for t in tasks for _ in range(k)]
+    driver = RolloutDriver(env, policy, max_turn_tokens=max_turn_tokens, num_envs=min(num_envs, len(rows)),
+                           env_kwargs={"tokenizer": tokenizer, **dict(env_kwargs or {})})
+    sampled = driver.run(rows, seeds=[seed * 1_000_003 + i for i in range(len(rows))])
+    kept = select_samples(sampled, threshold, best_per_task=best_per_task)
+    steps = math.ceil(epochs * len(kept) / batch_size) if kept else 0
+    if max_steps > 0:
+        steps = min(steps, max_steps)
+    losses = masked_sft(model, kept, steps=steps, lr=lr, batch_size=batch_size, seed=seed) if steps else []
+    ids = {str(t["id"]) for t in tasks}
+    stats = {
+        "sampled": len(sampled),
+        "sample_reward": sum(t.reward for t in sampled) / max(1, len(sampled)),
+        "tasks_with_kept": len({str(t.task.get("id")) for t in kept} & ids) / max(1, len(ids)),
+        "kept": len(kept),
+        "sft_steps": steps,
+        "loss": losses,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    return kept, sampled, stats
+
+
+def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``cfg.rounds`` RFT rounds; returns ``{"config", "rounds": [stats...], "model_dir"}`` (also written to
+    ``output_dir/rft_log.json``). ``model``/``tokenizer`` override ``cfg.model``; the model is trained in place."""
+    import torch
+
+    from toolgym.models import load_model
+    from toolgym.rollout import RolloutDriver, TransformersPolicy, summarize, write_trajectories
+
+    if cfg.split == cfg.eval_split and cfg.eval_tasks > 0:
+        raise ValueError(f"RFT trains on split {cfg.split!r} and evaluates on it: use a held-out eval_split")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    if model is None:
+        model, tokenizer = load_model(cfg.model)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_tasks = _draw_tasks(cfg.env_id, cfg.split, cfg.tasks, cfg.task_seed, cfg.env_kwargs)
+    eval_tasks = (_draw_tasks(cfg.env_id, cfg.eval_split, cfg.eval_tasks, cfg.eval_seed, cfg.env_kwargs)
+                  if cfg.eval_tasks > 0 else [])
+
+    def evaluate() -> dict[str, Any]:
+        driver = RolloutDriver(cfg.env_id, TransformersPolicy(model, tokenizer, do_sample=False,
+                                                              return_logprobs=False),
+                               max_turn_tokens=cfg.max_turn_tokens, num_envs=min(cfg.num_envs, len(eval_tasks)),
+                               env_kwargs={"tokenizer": tokenizer, "split": cfg.eval_split, **cfg.env_kwargs})
+        s = summarize(driver.run(eval_tasks, seeds=list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))))
+        return {"success": s["success"], "tool_call_rate": s["tool_call_rate"], "n_tasks": s["episodes"]}
+
+    result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "rounds": []}
+    if eval_tasks:
+        result["eval_before"] = evaluate()
+        log(f"[rft] held-out before: success {result['eval_before']['success']:.1%}")
+    env_kwargs = {"split": cfg.split, **cfg.env_kwargs}
+    for r in range(cfg.rounds):
+        kept, sampled, stats = rft_round(
+            model, tokenizer, cfg.env_id, train_tasks, k=cfg.k, threshold=cfg.threshold,
+            temperature=cfg.temperature, best_per_task=cfg.best_per_task, epochs=cfg.epochs,
+            max_steps=cfg.max_steps, lr=cfg.lr, batch_size=cfg.batch_size, max_turn_tokens=cfg.max_turn_tokens,
+            seed=cfg.seed + r, env_kwargs=env_kwargs, num_envs=cfg.num_envs,
+        )
+        write_trajectories(out / f"round{r}_kept.jsonl", kept)
+        stats["round"] = r + 1
+        if eval_tasks:
+            stats["eval"] = evaluate()
+        result["rounds"].append(stats)
+        loss = f"{stats['loss'][0]:.3f} -> {stats['loss'][-1]:.3f}" if stats["loss"] else "-"
+        ev = f"  held-out success {stats['eval']['success']:.1%}" if "eval" in stats else ""
+        log(f"[rft] round {r + 1}/{cfg.rounds}: sampled {stats['sampled']} (mean reward "
+            f"{stats['sample_reward']:.2f}), tasks with >= 1 kept {stats['tasks_with_kept']:.0%}, kept "
+            f"{stats['kept']}, {stats['sft_steps']} SFT steps (loss {loss}){ev}  ({stats['wall_s']:.0f} s)")
+    if cfg.save:
+        from trainers.compact import save_checkpoint
+
+        save_checkpoint(model, tokenizer, out)
+        result["model_dir"] = str(out)
+    (out / "rft_log.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m trainers.rft", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(RFTConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        help_ = f.metadata.get("help", "")
+        if isinstance(default, bool):
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
+        elif isinstance(default, dict):
+            ap.add_argument(flag, type=json.loads, default=default, help=help_)
+        else:
+            typ = str if default is None else type(default)
+            ap.add_argument(flag, type=typ, default=default, help=help_)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """``python -m trainers.rft [--field value ...]``: every :class:`RFTConfig` field is a flag."""
+    a = _parser().parse_args(argv)
+    cfg = RFTConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(RFTConfig)})
+    return run_rft(cfg)
+
+
+if __name__ == "__main__":
+    main()
