@@ -72,7 +72,7 @@ class DemoConfig:
     grpo_num_generations: int = 8
     grpo_prompts_per_step: int = 2
     grpo_lr: float = 3e-5
-    grpo_temperature: float = 1.0
+    grpo_temperature: float = 0.5
     grpo_max_completion_length: int = 160
     grpo_beta: float = 0.0
 
@@ -269,6 +269,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
         beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
         use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
+        gradient_checkpointing=False,  # TRL defaults it on; a 135M model does not need it and it recomputes forwards
     )
     tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
                          trajectory_dir=str(out / "trajectories" / "grpo"))
@@ -334,8 +335,8 @@ def _plot(metrics: dict[str, Any], path: Path) -> None:
     err = [[v - metrics[k]["success_ci95"][0] for k, v in zip(keys, vals, strict=True)],
            [metrics[k]["success_ci95"][1] - v for k, v in zip(keys, vals, strict=True)]]
     bars = ax2.bar(names, vals, yerr=err, capsize=4, color=["#bbb", "#7aa6d8", "#2f6db5"])
-    for bar, v in zip(bars, vals, strict=True):
-        ax2.text(bar.get_x() + bar.get_width() / 2, v + 0.06, f"{v:.0%}", ha="center")
+    for bar, v, k in zip(bars, vals, keys, strict=True):
+        ax2.text(bar.get_x() + bar.get_width() * 0.75, metrics[k]["success_ci95"][1] + 0.02, f"{v:.0%}", ha="center")
     ax2.set_ylim(0, 1.15)
     g = metrics["grpo_gain"]
     ax2.set_title(f"held-out success ({metrics['eval_before']['n_tasks']} test tasks, same seeds)\n"

@@ -1,0 +1,74 @@
+"""Pieces of ``make demo`` (trainers/demo.py, trainers/compact.py): statistics, the compact prompt, checkpoints."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+
+pytest.importorskip("trl", reason="the demo needs the [train] extra")
+
+import toolgym  # noqa: F401
+from toolgym.models import load_model, load_tokenizer, tiny_random_model
+from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
+from trainers.demo import _tasks, paired_difference_ci, wilson_interval
+from trainers.sft import collect, oracle_policy
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(30, 100)
+    assert lo == pytest.approx(0.2189, abs=1e-3) and hi == pytest.approx(0.3958, abs=1e-3)
+    assert wilson_interval(0, 100)[0] == 0.0 and wilson_interval(100, 100)[1] == pytest.approx(1.0)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_paired_difference_ci():
+    before = [0.0] * 50 + [1.0] * 50
+    after = [1.0] * 90 + [0.0] * 10
+    d = paired_difference_ci(before, after)
+    assert d["mean"] == pytest.approx(0.4)  # 50 gained, 10 lost
+    sd = (0.5 * 0.6**2 + 0.4 * 0.4**2 + 0.1 * 1.4**2) ** 0.5 * (100 / 99) ** 0.5
+    assert d["lo"] == pytest.approx(0.4 - 1.96 * sd / 10) and d["hi"] == pytest.approx(0.4 + 1.96 * sd / 10)
+    assert d["n"] == 100 and d["lo"] < d["mean"] < d["hi"]
+    same = paired_difference_ci([1.0, 0.0] * 10, [1.0, 0.0] * 10)
+    assert same == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 20}
+    with pytest.raises(ValueError):
+        paired_difference_ci([1.0], [1.0, 0.0])
+
+
+def test_eval_and_train_tasks_are_disjoint_and_distinct():
+    test = _tasks("test", 100, 10_000)
+    train = _tasks("train", 256, 2) + _tasks("train", 32, 1)
+    assert len({t["id"] for t in test}) == 100
+    assert not {t["id"] for t in test} & {t["id"] for t in train}
+    assert _tasks("test", 100, 10_000) == test  # reproducible
+
+
+def test_compact_prompt_is_short_and_the_oracle_still_solves_it():
+    tok = load_tokenizer()
+    kw = {"chat_template": compact_tools_template(), "system_prompt": COMPACT_SYSTEM_PROMPT}
+    full = gym.make("toolgym/Calculator-v0", tokenizer=tok)
+    compact = gym.make("toolgym/Calculator-v0", tokenizer=tok, **kw)
+    n_full, n_compact = len(full.reset(seed=3)[0]), len(compact.reset(seed=3)[0])
+    assert n_compact < 0.4 * n_full, (n_compact, n_full)
+    text = tok.decode(compact.reset(seed=3)[0])
+    assert "- calculator(expression): " in text and "<tool_call>" in text
+    kept, alltr = collect("toolgym/Calculator-v0", oracle_policy("toolgym/Calculator-v0"), [None] * 4, num_envs=2,
+                          env_kwargs={"tokenizer": tok, **kw})
+    assert len(kept) == len(alltr) == 4
+
+
+def test_save_checkpoint_loads_with_load_model_and_keeps_the_template(tmp_path):
+    import torch
+
+    tok = load_tokenizer()
+    model = tiny_random_model(tok, seed=1)
+    path = save_checkpoint(model, tok, tmp_path / "ckpt", chat_template=compact_tools_template())
+    assert tok.chat_template != compact_tools_template()  # the shared tokenizer is not mutated
+    model2, tok2 = load_model(path)
+    assert tok2.chat_template == compact_tools_template()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, model2(ids).logits)
+    # an env built on the checkpoint's tokenizer renders the compact tool list by itself
+    env = gym.make("toolgym/Calculator-v0", tokenizer=tok2, system_prompt=COMPACT_SYSTEM_PROMPT)
+    assert "- calculator(expression): " in tok2.decode(env.reset(seed=0)[0])
