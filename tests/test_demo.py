@@ -10,29 +10,8 @@ pytest.importorskip("trl", reason="the demo needs the [train] extra")
 import toolgym  # noqa: F401
 from toolgym.models import load_model, load_tokenizer, tiny_random_model
 from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
-from trainers.demo import _tasks, paired_difference_ci, wilson_interval
+from trainers.demo import _tasks
 from trainers.sft import collect, oracle_policy
-
-
-def test_wilson_interval_known_values():
-    lo, hi = wilson_interval(30, 100)
-    assert lo == pytest.approx(0.2189, abs=1e-3) and hi == pytest.approx(0.3958, abs=1e-3)
-    assert wilson_interval(0, 100)[0] == 0.0 and wilson_interval(100, 100)[1] == pytest.approx(1.0)
-    assert wilson_interval(0, 0) == (0.0, 1.0)
-
-
-def test_paired_difference_ci():
-    before = [0.0] * 50 + [1.0] * 50
-    after = [1.0] * 90 + [0.0] * 10
-    d = paired_difference_ci(before, after)
-    assert d["mean"] == pytest.approx(0.4)  # 50 gained, 10 lost
-    sd = (0.5 * 0.6**2 + 0.4 * 0.4**2 + 0.1 * 1.4**2) ** 0.5 * (100 / 99) ** 0.5
-    assert d["lo"] == pytest.approx(0.4 - 1.96 * sd / 10) and d["hi"] == pytest.approx(0.4 + 1.96 * sd / 10)
-    assert d["n"] == 100 and d["lo"] < d["mean"] < d["hi"]
-    same = paired_difference_ci([1.0, 0.0] * 10, [1.0, 0.0] * 10)
-    assert same == {"mean": 0.0, "lo": 0.0, "hi": 0.0, "n": 20}
-    with pytest.raises(ValueError):
-        paired_difference_ci([1.0], [1.0, 0.0])
 
 
 def test_eval_and_train_tasks_are_disjoint_and_distinct():

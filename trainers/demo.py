@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from toolgym.eval import paired_difference_ci, wilson_interval
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,7 +44,7 @@ if __package__ in (None, ""):
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-__all__ = ["DemoConfig", "main", "paired_difference_ci", "run_demo", "wilson_interval"]
+__all__ = ["DemoConfig", "main", "run_demo"]
 
 ENV_ID = "toolgym/Calculator-v0"
 
@@ -89,34 +89,6 @@ def _load(path: str | None) -> DemoConfig:
     if unknown:
         raise ValueError(f"{path}: unknown demo keys {sorted(unknown)}")
     return DemoConfig(**raw)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Statistics (small and local; toolgym.eval has the library versions)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (``z`` = 1.96: 95%)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
-
-
-def paired_difference_ci(before: Sequence[float], after: Sequence[float], z: float = 1.96) -> dict[str, float]:
-    """Mean of ``after[i] - before[i]`` with a normal-approximation 95% CI (paired: same tasks and seeds)."""
-    if len(before) != len(after) or not before:
-        raise ValueError("paired_difference_ci needs two equally long, non-empty sequences")
-    d = [float(a) - float(b) for b, a in zip(before, after, strict=True)]
-    n = len(d)
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    half = z * sd / math.sqrt(n)
-    return {"mean": mean, "lo": mean - half, "hi": mean + half, "n": n}
 
 
 # ---------------------------------------------------------------------------------------------------------------
