@@ -192,3 +192,13 @@ def test_shipped_configs_resolve(algo, path, extra, capsys):
     raw = yaml.safe_load((ROOT / path).read_text())
     assert out["toolgym"]["env_id"] == raw["toolgym"]["env_id"]
     assert out["config"]["output_dir"] == raw["output_dir"]
+
+
+def test_dpo_resolves_its_config_and_names_close_matches(capsys):
+    """``toolgym train dpo`` reads trainers.dpo.DPORunConfig's fields: overrides are typed, a misspelt key is exit 2."""
+    cfg = str(Path(__file__).resolve().parent.parent / "trainers" / "configs" / "dpo_calculator_cpu.yaml")
+    assert cli.main(["dpo", "--config", cfg, "--max_steps", "3", "--beta", "0.2", "--dry-run"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["algorithm"] == "dpo" and out["config"]["max_steps"] == 3 and out["config"]["beta"] == 0.2
+    assert out["config"]["env_id"] == "toolgym/Calculator-v0"
+    assert "did you mean --margin?" in _error(capsys, "dpo", "--config", cfg, "--margn", "1", code=2)

@@ -15,7 +15,7 @@ Subcommands::
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
-    toolgym train grpo|rft|sft --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
+    toolgym train grpo|rft|sft|dpo --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -680,8 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
-    s = sub.add_parser("train", help="train with TRL: grpo, rft or sft (`toolgym train grpo --help`)",
-                       description="toolgym train {grpo,rft,sft} --config FILE.yaml [--FIELD VALUE ...]: see "
+    s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
+                       description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
     s.add_argument("algorithm", choices=["grpo", "rft", "sft"])
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")

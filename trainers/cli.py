@@ -1,4 +1,4 @@
-"""``toolgym train {grpo,rft,sft} --config FILE.yaml [--field value ...]``: one entry point for the trainers.
+"""``toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--field value ...]``: one entry point for the trainers.
 
 The YAML file has a ``toolgym:`` section (:class:`~trainers.grpo.ToolgymGRPOArgs` for ``grpo``,
 :class:`ToolgymSFTArgs` for ``sft``) and everything else is a field of the TRL config (``trl.GRPOConfig`` /
@@ -48,9 +48,14 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 __all__ = ["ALGORITHMS", "RFT_MODULE", "ConfigError", "ToolgymSFTArgs", "main", "parse_overrides", "resolve"]
 
-ALGORITHMS = ("grpo", "rft", "sft")
+ALGORITHMS = ("grpo", "rft", "sft", "dpo")
 #: the module ``toolgym train rft`` runs (helper contract in the module doc)
 RFT_MODULE = "trainers.rft"
+#: algorithms run by a module of their own: name -> (module, config dataclass, runner taking the config)
+MODULE_ALGORITHMS: dict[str, tuple[str, str, str]] = {
+    "rft": (RFT_MODULE, "RFTConfig", "run_rft"),
+    "dpo": ("trainers.dpo", "DPORunConfig", "run_dpo"),
+}
 #: top-level modules whose absence means the ``[train]`` extra is not installed
 _TRAIN_DEPS = {"trl", "torch", "accelerate", "datasets", "peft", "transformers"}
 
@@ -261,16 +266,17 @@ def _classes(algo: str) -> tuple[type, type | None]:
     if algo == "sft":
         trl = _import_train("trl")
         return trl.SFTConfig, ToolgymSFTArgs
-    if algo == "rft":
+    if algo in MODULE_ALGORITHMS:
+        module, cfg_name, _ = MODULE_ALGORITHMS[algo]
         try:
-            mod = _import_train(RFT_MODULE)
+            mod = _import_train(module)
         except ModuleNotFoundError as e:
-            if e.name != RFT_MODULE:
+            if e.name != module:
                 raise
-            raise ConfigError(f"`toolgym train rft` needs {RFT_MODULE} (not in this install)", code=3) from None
-        cfg = getattr(mod, "RFTConfig", None)
+            raise ConfigError(f"`toolgym train {algo}` needs {module} (not in this install)", code=3) from None
+        cfg = getattr(mod, cfg_name, None)
         if cfg is None or not dataclasses.is_dataclass(cfg):
-            raise ConfigError(f"{RFT_MODULE} defines no RFTConfig dataclass", code=3)
+            raise ConfigError(f"{module} defines no {cfg_name} dataclass", code=3)
         hints = _hints(cfg)
         tg = hints.get("toolgym")
         return cfg, tg if isinstance(tg, type) and dataclasses.is_dataclass(tg) else None
@@ -307,7 +313,7 @@ def resolve(algo: str, config: str | os.PathLike[str] | Mapping[str, Any] | None
     cfg_cls, tg_cls = _classes(algo)
     raw = dict(read_config(config) if isinstance(config, str | os.PathLike) else (config or {}))
     where = f"{config}: " if isinstance(config, str | os.PathLike) else ""
-    section = algo != "rft" or "toolgym" in {f.name for f in dataclasses.fields(cfg_cls)}
+    section = algo not in MODULE_ALGORITHMS or "toolgym" in {f.name for f in dataclasses.fields(cfg_cls)}
     raw_tg = raw.pop("toolgym", None) if section else None
     if not isinstance(raw_tg or {}, dict):
         raise ConfigError(f"{where}the toolgym section must be a mapping")
@@ -320,7 +326,7 @@ def resolve(algo: str, config: str | os.PathLike[str] | Mapping[str, Any] | None
     over_tg = merged.pop("toolgym", {}) if section else {}
     args = _check(merged, cfg_cls, "--", "")
     tg = _check(over_tg, tg_cls, "--toolgym.", "") if tg_cls is not None else over_tg
-    if algo == "rft":
+    if algo in MODULE_ALGORITHMS:
         return ({**args, "toolgym": tg} if section else args), {}
     return args, tg
 
@@ -401,20 +407,23 @@ def run_sft(args_fields: dict[str, Any], tg_fields: dict[str, Any]) -> int:
     return 0
 
 
-def run_rft(config: dict[str, Any]) -> int:
-    """Run :data:`RFT_MODULE` on the resolved config: ``run_rft(RFTConfig(**config))`` when the module has
-    ``run_rft``, else its ``main(["--config", FILE])`` with the config written to a temporary YAML file."""
+def run_module(algo: str, config: dict[str, Any]) -> int:
+    """Run the module of ``algo`` (:data:`MODULE_ALGORITHMS`: ``rft``, ``dpo``) on the resolved config:
+    ``runner(Config(**config))`` when the module has the runner, else its ``main(["--config", FILE])`` with the
+    config written to a temporary YAML file."""
     import yaml
 
-    mod = _import_train(RFT_MODULE)
-    runner = getattr(mod, "run_rft", None)
+    module, cfg_name, runner_name = MODULE_ALGORITHMS[algo]
+    mod = _import_train(module)
+    cfg_cls = getattr(mod, cfg_name)
+    runner = getattr(mod, runner_name, None)
     if callable(runner):
-        hints = _hints(mod.RFTConfig)
+        hints = _hints(cfg_cls)
         kwargs = {k: (hints[k](**v) if isinstance(v, dict) and dataclasses.is_dataclass(hints.get(k)) else v)
                   for k, v in config.items()}
-        runner(_trl_config(mod.RFTConfig, kwargs))
+        runner(_trl_config(cfg_cls, kwargs))
         return 0
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="toolgym-rft-", delete=False) as fh:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"toolgym-{algo}-", delete=False) as fh:
         yaml.safe_dump(config, fh, sort_keys=False)
     try:
         rc = mod.main(["--config", fh.name])
@@ -423,11 +432,12 @@ def run_rft(config: dict[str, Any]) -> int:
     return rc if isinstance(rc, int) else 0
 
 
-_USAGE = """usage: toolgym train {grpo,rft,sft} --config FILE.yaml [--dry-run] [--FIELD VALUE ...]
+_USAGE = """usage: toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--dry-run] [--FIELD VALUE ...]
 
   grpo  GRPO through TRL's rollout_func (fields: trl.GRPOConfig + toolgym: trainers.grpo.ToolgymGRPOArgs)
   sft   oracle (or model) episodes -> masked SFT (fields: trl.SFTConfig + toolgym: trainers.cli.ToolgymSFTArgs)
   rft   rejection-sampling fine-tuning from the model itself (fields: trainers.rft.RFTConfig)
+  dpo   DPO on env preference pairs, env tokens masked (fields: trainers.dpo.DPORunConfig)
 
 --FIELD VALUE overrides any field of the config file, e.g. --max_steps 2 --learning_rate 1e-5
 --toolgym.env_id toolgym/SQL-v0 --report_to tensorboard. --dry-run prints the resolved config as JSON.
@@ -459,14 +469,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dry:
             cfg_cls, tg_cls = _classes(algo)
             _trl_config(cfg_cls, {"max_length": None, **args} if algo == "sft" else args)  # TRL's own checks
-            full_tg = dataclasses.asdict(tg_cls(**tg)) if tg_cls is not None and algo != "rft" else tg
+            full_tg = dataclasses.asdict(tg_cls(**tg)) if tg_cls is not None and algo not in MODULE_ALGORITHMS else tg
             print(json.dumps({"algorithm": algo, "config": args, "toolgym": full_tg}, default=str, sort_keys=True))
             return 0
         if algo == "grpo":
             return run_grpo(args, tg)
         if algo == "sft":
             return run_sft(args, tg)
-        return run_rft(args)
+        return run_module(algo, args)
     except ConfigError as e:
         print(f"toolgym train {algo}: error: {e.message}", file=sys.stderr)
         return e.code

@@ -21,7 +21,7 @@ env's own reward.
 Run::
 
     python -m trainers.reward_model --train_trajectories runs/x/train.jsonl --heldout_trajectories runs/x/test.jsonl \\
-        --output_dir runs/rm [--model runs/demo/sft] [--max_steps 50]
+        --output_dir runs/rm [--model runs/demo/warmstart] [--max_steps 50]
 """
 
 from __future__ import annotations
