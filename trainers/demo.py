@@ -69,8 +69,8 @@ class DemoConfig:
     # GRPO through the adapter ("train" split)
     grpo_steps: int = 10
     grpo_tasks: int = 256
-    grpo_num_generations: int = 8
-    grpo_prompts_per_step: int = 2
+    grpo_num_generations: int = 4
+    grpo_prompts_per_step: int = 4
     grpo_lr: float = 3e-5
     grpo_temperature: float = 0.5
     grpo_max_completion_length: int = 160
