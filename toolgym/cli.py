@@ -683,7 +683,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
                        description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
-    s.add_argument("algorithm", choices=["grpo", "rft", "sft"])
+    s.add_argument("algorithm", choices=["grpo", "rft", "sft", "dpo"])
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
 
