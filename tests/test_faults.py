@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.procs import children
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
 from toolgym.models import load_tokenizer
@@ -357,17 +358,6 @@ def test_huge_result_costs_what_a_short_one_does(tokenizer) -> None:
 
 
 # -- MCP: poisoning, in-flight retries, hung servers -------------------------------------------------------------
-def _children() -> set[int]:
-    me, out = os.getpid(), set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                out.add(int(d))
-    return out
 
 
 def _free_port() -> int:
@@ -461,7 +451,7 @@ def test_call_in_flight_when_server_dies_is_not_resent(tmp_path) -> None:
 
 @pytest.mark.timeout(180)
 def test_hung_stdio_server_is_restarted_after_consecutive_timeouts(tmp_path) -> None:
-    before = _children()
+    before = children()
     cfg = {"command": sys.executable, "args": [FAULT_SERVER], "stderr": "devnull", "restart_after_timeouts": 2,
            "env": {"FAULT_SERVER_MARKER_DIR": str(tmp_path)}}  # fmt: skip
     ts = MCPToolset({"mcpServers": {"fault": cfg}}, backoff_s=0.05)
@@ -491,7 +481,7 @@ def test_hung_stdio_server_is_restarted_after_consecutive_timeouts(tmp_path) -> 
         assert not Path(f"/proc/{pid0}/stat").exists() or " Z " in Path(f"/proc/{pid0}/stat").read_text()
     finally:
         ts.close()
-    assert _children() <= before
+    assert children() <= before
 
 
 # -- sandbox -------------------------------------------------------------------------------------------------

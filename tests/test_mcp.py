@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 import toolgym  # noqa: F401 - registers the envs
+from tests.procs import children
 from toolgym.format.parsers import get_parser
 from toolgym.runtime import run_sync
 from toolgym.tools.base import ToolCall, ToolErrorKind
@@ -41,18 +42,6 @@ pytestmark = pytest.mark.timeout(300)
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-def children() -> set[int]:
-    """Pids of this process's direct children (from /proc)."""
-    me, out = os.getpid(), set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                out.add(int(d))
-    return out
 
 
 def alive(pid: int) -> bool:

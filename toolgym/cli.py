@@ -600,6 +600,8 @@ _EPILOG = """exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 file missing/
 def build_parser() -> argparse.ArgumentParser:
     """The ``toolgym`` argument parser (``bench`` / ``serve`` forward their remaining arguments)."""
     from toolgym import __version__
+    from toolgym.cli_eval import add_parser as add_eval_parser
+    from toolgym.cli_eval import add_run_args
 
     p = argparse.ArgumentParser(
         prog="toolgym", description="Token-level Gymnasium environments for training LLMs to use tools.",
@@ -625,22 +627,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(an existing file is replaced once the first episode is done)")
     s.add_argument("--seed", type=int, default=0, help="episode k draws its task with seed + k")
     s.add_argument("--num-envs", type=int, default=None, help="parallel episodes (None: min(episodes, 8))")
-    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
-    s.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy")
-    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
-    s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
-                   help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
-    s.add_argument("--tokenizer", default=None, help="with a URL policy: the server model's tokenizer "
-                   "(name or path; default: the embedded one)")
-    s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
     s.add_argument("--json", action="store_true",
                    help="print the summary as one JSON object alone on stdout (the table goes to stderr)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
-                   help="also log the summary to mlflow, tensorboard, wandb or trackio (repeatable or comma-separated)")
+    add_run_args(s, temperature=1.0, what="summary")
     s.set_defaults(func=cmd_rollout)
 
-    from toolgym.cli_eval import add_parser as add_eval_parser
 
     add_eval_parser(sub, _EPILOG)
 

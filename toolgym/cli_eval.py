@@ -12,7 +12,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser", "cmd_eval"]
+__all__ = ["add_parser", "add_run_args", "cmd_eval"]
+
+
+def add_run_args(s: argparse.ArgumentParser, *, temperature: float, what: str) -> None:
+    """The generation, env and logging options ``rollout`` and ``eval`` share (``temperature``: its default;
+    ``what``: what ``--report-to`` logs, for the help text)."""
+    s.add_argument("--temperature", type=float, default=temperature, help="sampling temperature; 0 = greedy")
+    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
+    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
+    s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
+                   help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
+    s.add_argument("--tokenizer", default=None, help="with a URL policy: the served model's tokenizer "
+                   "(name or path; default: the embedded one)")
+    s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
+                   help=f"also log the {what} to mlflow, tensorboard, wandb or trackio (repeatable or "
+                        f"comma-separated; mlflow: metrics + the {what} JSON + the --out trajectories as artifacts)")
 
 
 def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
@@ -33,23 +50,12 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
                    "from --seed), or a .jsonl task file")
     s.add_argument("--seed", type=int, default=0, help="task-selection seed; episode i is reset with seed + i")
     s.add_argument("-k", "--samples", dest="k", type=int, default=1, help="samples per task (pass@k, mean@k)")
-    s.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
-    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
     s.add_argument("--num-envs", type=int, default=8, help="parallel episodes")
-    s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
-    s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
-                   help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
     s.add_argument("--out", default=None, help="stream trajectories to this JSONL file as episodes finish "
                    "(replaced only once the first episode is done; an interrupted run keeps finished episodes)")
-    s.add_argument("--tokenizer", default=None, help="with a URL policy: the served model's tokenizer "
-                   "(name or path; default: the embedded one)")
-    s.add_argument("--model-name", default=None, help="with a URL policy: the served model name")
     s.add_argument("--json", action="store_true",
                    help="print the report as one JSON object on the last stdout line (the table goes to stderr)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--report-to", action="append", default=[], metavar="BACKEND",
-                   help="also log the report to mlflow, tensorboard, wandb or trackio (repeatable or comma-separated; "
-                        "mlflow: metrics + the report JSON + the --out trajectories as artifacts)")
+    add_run_args(s, temperature=0.0, what="report")
     s.set_defaults(func=cmd_eval)
     return s
 
