@@ -229,11 +229,8 @@ _WORKER = textwrap.dedent(
     turns = [len(t.turns) for t in rollout.last_trajectories]
     with open(os.path.join({out!r}, f"rank{{rank}}.json"), "w") as fh:
         json.dump({{"sizes": sizes, "turns": turns, "world": trainer.accelerator.num_processes}}, fh)
-    rollout.venv.close()
-    import torch.distributed as dist
-    if dist.is_initialized():  # a clean shutdown: a rank leaving while gloo threads still run can abort at exit
-        dist.barrier()
-        dist.destroy_process_group()
+    rollout.close()
+    trainer.accelerator.end_training()  # as the entry points do: destroys the process group before the rank exits
     """
 )
 

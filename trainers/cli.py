@@ -365,12 +365,14 @@ def run_grpo(args_fields: dict[str, Any], tg_fields: dict[str, Any]) -> int:
     args = _trl_config(GRPOConfig, args_fields)
     tg = ToolgymGRPOArgs(**tg_fields)
     model, tok = _model(tg, args.seed)
-    trainer, _ = build_trainer(tg, args, model=model, tokenizer=tok)
+    trainer, rollout = build_trainer(tg, args, model=model, tokenizer=tok)
     trainer.train()
     trainer.save_model(args.output_dir)
+    rollout.close()
     if trainer.accelerator.is_main_process:
         tok.save_pretrained(args.output_dir)
         print(f"toolgym train grpo: {trainer.state.global_step} steps, model saved to {args.output_dir}")
+    trainer.accelerator.end_training()  # trackers, and the process group: a rank must not exit with gloo running
     return 0
 
 

@@ -145,9 +145,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         import torch
 
         torch.set_num_threads(tg.threads)
-    trainer, _ = build_trainer(tg, args)
+    trainer, rollout = build_trainer(tg, args)
     trainer.train()
     trainer.save_model(args.output_dir)
+    rollout.close()
+    trainer.accelerator.end_training()  # trackers, and the process group: a rank must not exit with gloo running
 
 
 if __name__ == "__main__":

@@ -222,6 +222,12 @@ class ToolgymRollout:
         self.last_trajectories: list[Trajectory] = []
         self.__name__ = "toolgym_rollout"
 
+    def close(self) -> None:
+        """Close the vector env (its tool executor and servers); the next call builds a new one."""
+        if self.venv is not None:
+            self.venv.close()
+            self.venv = None
+
     def task_for(self, prompt: Any) -> dict[str, Any]:
         key = prompt_key(prompt)
         task = self.by_id.get(key) or self.by_prompt.get(key)
