@@ -132,19 +132,27 @@ _FUNC = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]*)>(.*?)(</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
-@register_parser("qwen3_coder", "qwen3_xml")
-class Qwen3CoderParser(_Guarded):
-    """Qwen3-Coder / Qwen3.5 XML calls. Errors: unclosed ``<tool_call>``/``<function=``/``<parameter=``, a block
-    without ``<function=NAME>``, an empty name, a repeated parameter, text after ``</function>``."""
-
-    stop_tokens = ("<|im_end|>", "<|endoftext|>")
-    template_markers = (("<function=", "<parameter="),)
+class _ToolCallBlocks:
+    """Mixin (before :class:`_Guarded`): calls in ``<tool_call>...</tool_call>`` blocks, each read by the family's
+    ``_call(inner)``; reasoning split off first."""
 
     def _parse(self, text: str) -> ParsedTurn:
         body, reasoning = _split_reasoning(text)
         outside, blocks = _blocks(body, "<tool_call>", "</tool_call>")
         calls = [ToolCall("", raw=inner, parse_error=err) if err else self._call(inner) for inner, err in blocks]
         return ParsedTurn("".join(outside).strip(), calls, reasoning)
+
+    def _call(self, inner: str) -> ToolCall:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+@register_parser("qwen3_coder", "qwen3_xml")
+class Qwen3CoderParser(_ToolCallBlocks, _Guarded):
+    """Qwen3-Coder / Qwen3.5 XML calls. Errors: unclosed ``<tool_call>``/``<function=``/``<parameter=``, a block
+    without ``<function=NAME>``, an empty name, a repeated parameter, text after ``</function>``."""
+
+    stop_tokens = ("<|im_end|>", "<|endoftext|>")
+    template_markers = (("<function=", "<parameter="),)
 
     def _call(self, inner: str) -> ToolCall:
         raw = f"<tool_call>{inner}</tool_call>"
@@ -336,7 +344,7 @@ _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>
 
 
 @register_parser("glm45", "glm47")
-class Glm45Parser(_Guarded):
+class Glm45Parser(_ToolCallBlocks, _Guarded):
     """GLM-4.5 / 4.6 / 4.7: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``
     (newlines between parts optional). Values are text, converted with the tool's parameter types. The template
     writes no end-of-turn token: the model stops by writing the next header (``<|observation|>`` to call tools,
@@ -348,12 +356,6 @@ class Glm45Parser(_Guarded):
 
     def close_token(self, parsed: ParsedTurn) -> str | None:
         return "<|observation|>" if parsed.calls else "<|user|>"
-
-    def _parse(self, text: str) -> ParsedTurn:
-        body, reasoning = _split_reasoning(text)
-        outside, blocks = _blocks(body, "<tool_call>", "</tool_call>")
-        calls = [ToolCall("", raw=inner, parse_error=err) if err else self._call(inner) for inner, err in blocks]
-        return ParsedTurn("".join(outside).strip(), calls, reasoning)
 
     def _call(self, inner: str) -> ToolCall:
         raw = f"<tool_call>{inner}</tool_call>"
