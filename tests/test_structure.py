@@ -1,0 +1,259 @@
+"""The layout rules of ``DESIGN.md``, checked on the source (``python tests/test_structure.py`` prints every
+violation; the tests fail on any):
+
+1. no Python file in ``toolgym/`` or ``trainers/`` over :data:`MAX_LINES` lines;
+2. no import cycle between the modules of ``toolgym/`` and ``trainers/`` (function-level imports count: a lazy
+   import is still a dependency; imports under ``if TYPE_CHECKING:`` do not, they never run);
+3. no private name imported across packages: ``from a.b import _x``, ``import a._b`` or ``from a._b import x`` is
+   allowed only from a module in the same package (directory) as the private module or name;
+4. dependencies point one way: ``toolgym`` never imports ``trainers``, TRL, vLLM, MLflow or DeepSpeed; tools never
+   import data, envs, rewards, rollout, serve, eval or the CLI; data never imports envs, rollout or the CLI.
+
+The import graph is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot be fooled
+by import-time side effects.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("toolgym", "trainers")
+MAX_LINES = 600
+
+#: (importer prefix, forbidden target prefixes): rule 4.
+FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("toolgym", ("trainers", "trl", "vllm", "mlflow", "deepspeed")),
+    ("toolgym.tools", ("toolgym.data", "toolgym.envs", "toolgym.rewards", "toolgym.rollout", "toolgym.serve",
+                       "toolgym.eval", "toolgym.cli", "toolgym.vector")),
+    ("toolgym.data", ("toolgym.envs", "toolgym.rollout", "toolgym.cli", "toolgym.eval", "toolgym.vector")),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement: ``source`` module imports ``target`` (a module) and possibly ``names`` from it."""
+
+    source: str
+    target: str
+    names: tuple[str, ...]
+    line: int
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file of :data:`PACKAGES` (a package is its ``__init__``)."""
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            rel = p.relative_to(ROOT).with_suffix("")
+            parts = list(rel.parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def _is_package(mod: str, files: dict[str, Path]) -> bool:
+    return files[mod].name == "__init__.py"
+
+
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for sub in node.body:
+                for n in ast.walk(sub):
+                    if hasattr(n, "lineno"):
+                        lines.add(n.lineno)
+    return lines
+
+
+def imports(files: dict[str, Path] | None = None) -> Iterator[Import]:
+    """Every import in :data:`PACKAGES` (any nesting level), resolved to absolute module names."""
+    files = files if files is not None else modules()
+    for mod, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        skip = _type_checking_lines(tree)
+        pkg = mod if _is_package(mod, files) else mod.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    yield Import(mod, a.name, (), node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")
+                    base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                names = tuple(a.name for a in node.names)
+                # `from pkg import submodule` imports the submodule
+                subs = [n for n in names if f"{target}.{n}" in files]
+                for n in subs:
+                    yield Import(mod, f"{target}.{n}", (), node.lineno)
+                rest = tuple(n for n in names if n not in subs)
+                if rest or not subs:
+                    yield Import(mod, target, rest, node.lineno)
+
+
+def _own(target: str, files: dict[str, Path]) -> str | None:
+    """The module of ours that ``target`` names (itself, or its nearest parent that is one of ours), else None."""
+    t = target
+    while t:
+        if t in files:
+            return t
+        t = t.rpartition(".")[0]
+    return None
+
+
+def long_files(files: dict[str, Path] | None = None) -> list[str]:
+    files = files if files is not None else modules()
+    out = []
+    for p in files.values():
+        n = len(p.read_text(encoding="utf-8").splitlines())
+        if n > MAX_LINES:
+            out.append(f"{p.relative_to(ROOT)}: {n} lines (max {MAX_LINES})")
+    return out
+
+
+def cycles(files: dict[str, Path] | None = None) -> list[list[str]]:
+    """Strongly connected components (size > 1, or a self-import) of the module import graph."""
+    files = files if files is not None else modules()
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for imp in imports(files):
+        t = _own(imp.target, files)
+        if t is not None and t != imp.source:
+            graph[imp.source].add(t)
+    # Tarjan's algorithm, iterative
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comps: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on:
+                    low[v] = min(low[v], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    comps.append(sorted(comp))
+    return comps
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def private_imports(files: dict[str, Path] | None = None) -> list[str]:
+    """Imports of a private module or name from outside the package (directory) that holds it."""
+    files = files if files is not None else modules()
+    out = []
+    for imp in imports(files):
+        src_pkg = imp.source if _is_package(imp.source, files) else imp.source.rpartition(".")[0]
+        parts = imp.target.split(".")
+        for i, part in enumerate(parts):
+            if _private(part):
+                holder = ".".join(parts[:i])  # the package that holds the private module
+                if holder != src_pkg:
+                    out.append(f"{files[imp.source].relative_to(ROOT)}:{imp.line}: imports private module "
+                               f"{imp.target}")
+                break
+        else:
+            t = _own(imp.target, files)
+            if t is None:
+                continue
+            holder = t if _is_package(t, files) else t.rpartition(".")[0]
+            for n in imp.names:
+                if _private(n) and holder != src_pkg:
+                    out.append(f"{files[imp.source].relative_to(ROOT)}:{imp.line}: imports private name {n} "
+                               f"from {imp.target}")
+    return out
+
+
+def forbidden_imports(files: dict[str, Path] | None = None) -> list[str]:
+    files = files if files is not None else modules()
+    out = []
+    for imp in imports(files):
+        for src, targets in FORBIDDEN:
+            if imp.source == src or imp.source.startswith(src + "."):
+                for t in targets:
+                    if imp.target == t or imp.target.startswith(t + "."):
+                        out.append(f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports "
+                                   f"{imp.target} (not allowed: {src} -> {t})")
+    return out
+
+
+def test_no_file_over_max_lines() -> None:
+    assert long_files() == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles() == []
+
+
+def test_no_private_imports_across_packages() -> None:
+    assert private_imports() == []
+
+
+def test_dependencies_point_one_way() -> None:
+    assert forbidden_imports() == []
+
+
+def test_checker_sees_violations(tmp_path: Path) -> None:
+    """The checker itself finds each kind of violation in a small synthetic tree."""
+    a = tmp_path / "pkg" / "a.py"
+    b = tmp_path / "pkg" / "sub" / "b.py"
+    b.parent.mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (b.parent / "__init__.py").write_text("")
+    a.write_text("from pkg.sub.b import _hidden\n")
+    b.write_text("def f():\n    from pkg import a\n" + "x = 1\n" * MAX_LINES)
+    files = {"pkg": tmp_path / "pkg" / "__init__.py", "pkg.a": a, "pkg.sub": b.parent / "__init__.py", "pkg.sub.b": b}
+    global ROOT
+    old, ROOT = ROOT, tmp_path
+    try:
+        assert cycles(files) == [["pkg.a", "pkg.sub.b"]]
+        assert len(private_imports(files)) == 1 and "_hidden" in private_imports(files)[0]
+        assert len(long_files(files)) == 1
+    finally:
+        ROOT = old
+
+
+if __name__ == "__main__":
+    problems = long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
+    print("\n".join(problems) or "structure ok")
+    sys.exit(1 if problems else 0)
