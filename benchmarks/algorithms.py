@@ -1,25 +1,37 @@
 """One comparison table: oracle SFT, RFT, DPO, GRPO and GRPO (``dr_grpo``) on Calculator-v0, from the same
 warm-started checkpoint, with the same budget of generated tokens, on the same held-out test tasks.
 
-* **Warm start** (shared by every row): ``--warm-steps`` oracle-SFT steps on ``train``-split episodes from the
-  embedded SmolLM2-135M-Instruct (a partial warm start: GRPO needs some successes at temperature 1), saved once
-  under ``OUT/warm`` (or ``--warm PATH``: an existing checkpoint, e.g. the demo's).
-* **Budget = generated tokens**: every method trains until the tokens its training episodes' turns took
-  (``RolloutStats.generated_tokens``: tokens the policy sampled; for oracle SFT the oracle's action tokens) reach
-  ``--budget``; it stops at the first step / round boundary past it, so the column reports what each really used.
-  Evaluation tokens are not counted.
+Everything follows ``make demo`` (``trainers/configs/demo_cpu.yaml``), so the GRPO row is the demo's GRPO and the
+other rows are what the same budget buys with another algorithm:
 
-  - ``sft``: oracle episodes (train split) in rounds of ``--round-tasks``, one SFT epoch per round (``trainers.sft``);
-  - ``rft``: rounds of one sampled episode per task (temperature 1), keep reward 1, SFT on them (``trainers.sft``:
-    rejection sampling from the model itself, iterated; ``k`` = the rounds the budget allowed);
-  - ``dpo``: rounds of ``--dpo-samples`` episodes per task, pairs (margin 0.5), DPO (``trainers.dpo``: loss mask
-    as ``completion_mask``; the reference model is the policy at each round start);
-  - ``grpo`` / ``grpo_dr``: TRL ``GRPOTrainer`` through ``trainers.rollout_func`` (``loss_type`` ``grpo`` /
-    ``dr_grpo``), ``--grpo-generations`` episodes per prompt, stopped by a callback at the budget.
-* **Held-out**: ``--eval-tasks`` distinct Calculator-v0 ``test``-split tasks (never trained on), greedy, the same
-  tasks and seeds for every row (``toolgym.eval.evaluate``): success with its 95% Wilson interval, the paired
-  difference to the warm start with its 95% CI (``toolgym.eval.paired_difference_ci``), tool-call rate.
-* **Wall time**: training only (sampling + updates), seconds on this machine; a shared machine makes it noisy.
+* **Warm start** (shared by every row): the demo's (3 masked-SFT steps, batch 8, lr 5e-5, on 32 oracle episodes of
+  the ``train`` split) from the embedded SmolLM2-135M-Instruct, the demo's compact prompt everywhere, saved once
+  under ``OUT/warm`` (or ``--warm PATH``: an existing checkpoint, e.g. ``runs/demo/warmstart``).
+* **Budget = generated tokens** (not wall time): every method trains until the tokens its training episodes'
+  turns took (``RolloutStats.generated_tokens``: tokens the policy sampled; for oracle SFT the oracle's action
+  tokens) reach ``--budget`` (default 10,000: what the demo's 10 GRPO steps of 16 episodes generate, ~65 tokens
+  per episode); it stops at the first step / round boundary past it, so the column reports what each really
+  used. Every sampling method samples 16 episodes per step/round at temperature 0.5 (the demo's: at 1.0 the warm
+  start solves 0/64 train samples). Evaluation tokens are not counted.
+
+  - ``sft``: oracle episodes (train split) in rounds of 16, one masked-SFT epoch per round (lr 5e-5, the warm
+    start's: :func:`trainers.sft.masked_sft`);
+  - ``rft``: rounds of one sampled episode for each of 16 tasks, keep reward 1, one masked-SFT epoch on them
+    (rejection sampling from the model itself, iterated; ``k`` = the rounds the budget allowed);
+  - ``dpo``: rounds of 4 tasks x 4 episodes, up to 2 pairs per task (reward margin 0.5), one DPO epoch
+    (:mod:`trainers.dpo`: TRL ``DPOTrainer``, loss mask as ``completion_mask``; beta 0.1, lr 3e-5 = GRPO's; the
+    reference model is the policy at each round's start);
+  - ``grpo`` / ``grpo_dr``: the demo's GRPO (TRL ``GRPOTrainer`` through :mod:`trainers.rollout_func`, 4 tasks x 4
+    samples per step, lr 3e-5, beta 0) with ``loss_type`` ``grpo`` / ``dr_grpo``, stopped by a callback at the
+    budget.
+
+  No hyperparameter was chosen on the test split: the shared ones are the demo's (chosen on a validation draw of
+  the train split), DPO's lr is GRPO's and its beta TRL's default.
+* **Held-out**: the demo's 100 distinct Calculator-v0 ``test``-split tasks and seeds (never trained on), greedy,
+  the same for every row (:func:`toolgym.eval.evaluate`): success with its 95% Wilson interval, the paired
+  difference to the warm start with its 95% CI (:func:`toolgym.eval.paired_difference_ci`), tool-call rate.
+* **Time**: training only (sampling + updates): wall seconds and the process's CPU seconds (both cores; less
+  sensitive than wall time to other jobs on a shared machine).
 
 Run (the table in ``docs/training.md`` came from this command)::
 
@@ -82,27 +94,42 @@ def _load(path: str | Path) -> tuple[Any, Any]:
     return load_model(str(path))
 
 
-def warm_start(out: Path, steps: int, seed: int, batch: int = 8, lr: float = 1e-4, base: str = "embedded") -> Path:
-    """``steps`` oracle-SFT steps from ``base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter
-    Llama, for pipeline checks only; or a model path); saved to ``out/warm`` (reused when present)."""
+def prompt_kwargs() -> dict[str, Any]:
+    """The demo's compact prompt (env kwargs), used for every rollout and evaluation here."""
+    from trainers.demo import prompt_kwargs as demo_prompt
+
+    return demo_prompt(True)
+
+
+def env_kwargs(tok: Any, split: str = "train") -> dict[str, Any]:
+    return {"split": split, "tokenizer": tok, **prompt_kwargs()}
+
+
+def warm_start(out: Path, a: argparse.Namespace) -> Path:
+    """The demo's warm start (``a.warm_steps`` masked-SFT steps, batch 8, lr ``a.warm_lr``, on 32 oracle
+    episodes) from ``a.base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter Llama, for pipeline
+    checks only; or a model path), saved with the compact template to ``out/warm`` (reused when present)."""
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
-    from trainers.sft import collect, oracle_policy, train_sft
+    from trainers.compact import save_checkpoint
+    from trainers.sft import collect, masked_sft, oracle_policy
 
     target = out / "warm"
     if (target / "config.json").is_file():
         return target
-    if base == "tiny":
+    import torch
+
+    torch.manual_seed(a.seed)
+    if a.base == "tiny":
         tok = load_tokenizer()
         model = tiny_random_model(tok)
     else:
-        model, tok = load_model(None if base == "embedded" else base)
-    kept, _ = collect(ENV, oracle_policy(ENV), _tasks("train", steps * batch, seed + 1), seeds=seed, num_envs=16,
-                      env_kwargs={"split": "train", "tokenizer": tok})
-    train_sft(model, tok, kept, output_dir=target, max_steps=steps, learning_rate=lr, batch_size=batch, seed=seed,
-              logging_steps=1, disable_tqdm=True)
-    model.save_pretrained(str(target))
-    tok.save_pretrained(str(target))
-    return target
+        model, tok = load_model(None if a.base == "embedded" else a.base)
+    kept, _ = collect(ENV, oracle_policy(ENV), _tasks("train", a.warm_episodes, a.seed + 1), seeds=a.seed,
+                      num_envs=16, max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
+    losses = masked_sft(model, kept, steps=a.warm_steps, lr=a.warm_lr, batch_size=8, seed=a.seed)
+    print(f"[algorithms] warm start: {a.warm_steps} masked-SFT steps on {len(kept)} oracle episodes, loss "
+          + " -> ".join(f"{x:.2f}" for x in losses), flush=True)
+    return save_checkpoint(model, tok, target, chat_template=prompt_kwargs().get("chat_template"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -110,60 +137,71 @@ def warm_start(out: Path, steps: int, seed: int, batch: int = 8, lr: float = 1e-
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def run_sft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from trainers.sft import collect, oracle_policy, train_sft
+def _sft_epoch(model: Any, kept: Sequence[Any], a: argparse.Namespace) -> None:
+    from trainers.sft import masked_sft
 
-    tokens = rounds = 0
+    masked_sft(model, kept, steps=max(1, -(-len(kept) // a.batch_size)), lr=a.sft_lr, batch_size=a.batch_size,
+               seed=a.seed)
+    model.eval()
+
+
+def _sampler(model: Any, tok: Any, a: argparse.Namespace, round_: int) -> Any:
+    from toolgym.rollout import TransformersPolicy
+
+    return TransformersPolicy(model, tok, temperature=a.temperature, seed=a.seed + round_, return_logprobs=False)
+
+
+def run_sft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
+    from trainers.sft import collect, oracle_policy
+
+    tokens = rounds = episodes = 0
     while tokens < budget:
         kept, alltr = collect(ENV, oracle_policy(ENV), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
-                              env_kwargs={"split": "train", "tokenizer": tok})
+                              max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
         tokens += sum(sum(t.loss_mask) for t in alltr)
-        train_sft(model, tok, kept, output_dir=a.out / "tmp", epochs=1, learning_rate=a.sft_lr,
-                  batch_size=a.batch_size, seed=a.seed, disable_tqdm=True)
+        episodes += len(alltr)
+        _sft_epoch(model, kept, a)
         rounds += 1
-    return {"tokens": tokens, "rounds": rounds}
+    return {"tokens": tokens, "rounds": rounds, "episodes": episodes}
 
 
 def run_rft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from trainers.sft import train_sft
+    from toolgym.rollout import RolloutDriver
 
-    tokens = rounds = kept_total = 0
+    tokens = rounds = kept_total = episodes = 0
     while tokens < budget:
-        policy = TransformersPolicy(model, tok, temperature=1.0, seed=a.seed + rounds, return_logprobs=False)
-        driver = RolloutDriver(ENV, policy, max_turn_tokens=a.max_turn_tokens, num_envs=16,
-                               env_kwargs={"split": "train", "tokenizer": tok})
+        driver = RolloutDriver(ENV, _sampler(model, tok, a, rounds), max_turn_tokens=a.max_turn_tokens, num_envs=16,
+                               env_kwargs=env_kwargs(tok))
         trajs = driver.run(stream.take(a.round_tasks), seeds=a.seed + 1000 * rounds)
         driver.venv.close()
         tokens += driver.stats.generated_tokens
+        episodes += len(trajs)
         kept = [t for t in trajs if t.reward >= 1.0]
         kept_total += len(kept)
         if kept:
-            train_sft(model, tok, kept, output_dir=a.out / "tmp", epochs=1, learning_rate=a.sft_lr,
-                      batch_size=a.batch_size, seed=a.seed, disable_tqdm=True)
+            _sft_epoch(model, kept, a)
         rounds += 1
-    return {"tokens": tokens, "rounds": rounds, "kept": kept_total}
+    return {"tokens": tokens, "rounds": rounds, "kept": kept_total, "episodes": episodes}
 
 
 def run_dpo(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from toolgym.rollout import TransformersPolicy
     from trainers.dpo import sample_pairs, train_dpo
 
-    tokens = rounds = pairs_total = 0
+    tokens = rounds = pairs_total = episodes = 0
     n_tasks = max(1, a.round_tasks // a.dpo_samples)
     while tokens < budget:
-        policy = TransformersPolicy(model, tok, temperature=1.0, seed=a.seed + rounds, return_logprobs=False)
-        pairs, _, stats = sample_pairs(ENV, policy, stream.take(n_tasks), samples_per_task=a.dpo_samples,
-                                       margin=0.5, pairs_per_task=2, seed=a.seed + 1000 * rounds,
-                                       max_turn_tokens=a.max_turn_tokens, env_kwargs={"split": "train",
-                                                                                      "tokenizer": tok})
+        pairs, trajs, stats = sample_pairs(ENV, _sampler(model, tok, a, rounds), stream.take(n_tasks),
+                                           samples_per_task=a.dpo_samples, margin=0.5, pairs_per_task=2,
+                                           seed=a.seed + 1000 * rounds, max_turn_tokens=a.max_turn_tokens,
+                                           env_kwargs=env_kwargs(tok))
         tokens += int(stats["generated_tokens"])
+        episodes += len(trajs)
         pairs_total += len(pairs)
         if pairs:
             train_dpo(model, tok, pairs, output_dir=a.out / "tmp", beta=a.dpo_beta, learning_rate=a.dpo_lr,
                       batch_size=a.batch_size, epochs=1, seed=a.seed, disable_tqdm=True)
         rounds += 1
-    return {"tokens": tokens, "rounds": rounds, "pairs": pairs_total}
+    return {"tokens": tokens, "rounds": rounds, "pairs": pairs_total, "episodes": episodes}
 
 
 def _run_grpo(loss_type: str) -> Callable[..., dict[str, Any]]:
@@ -174,14 +212,14 @@ def _run_grpo(loss_type: str) -> Callable[..., dict[str, Any]]:
 
         from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
 
-        tasks = stream.take(4 * a.round_tasks)
-        rollout = ToolgymRollout(ENV, tasks, env_kwargs={"split": "train", "tokenizer": tok},
-                                 max_turn_tokens=a.max_turn_tokens)
-        used = {"tokens": 0, "steps": 0}
+        tasks = stream.take(256)
+        rollout = ToolgymRollout(ENV, tasks, env_kwargs=env_kwargs(tok), max_turn_tokens=a.max_turn_tokens)
+        used = {"tokens": 0, "steps": 0, "episodes": 0}
 
         def counted(prompts: list[Any], trainer: Any) -> dict[str, Any]:
             out = rollout(prompts, trainer)
             used["tokens"] += int(rollout.last_stats.generated_tokens)
+            used["episodes"] += len(prompts)
             return out
 
         class Budget(TrainerCallback):
@@ -193,16 +231,21 @@ def _run_grpo(loss_type: str) -> Callable[..., dict[str, Any]]:
         args = GRPOConfig(
             output_dir=str(a.out / "tmp"), max_steps=10_000, learning_rate=a.grpo_lr, loss_type=loss_type,
             per_device_train_batch_size=a.grpo_generations * a.grpo_prompts, num_generations=a.grpo_generations,
-            max_completion_length=160, temperature=1.0, beta=0.0, logging_steps=1, save_strategy="no",
+            max_completion_length=160, temperature=a.temperature, beta=0.0, logging_steps=1, save_strategy="no",
             report_to=[], seed=a.seed, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
+            gradient_checkpointing=False,
         )
         model.train()
         trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[env_reward], args=args,
                               train_dataset=make_dataset(tasks, repeat=8), rollout_func=counted, callbacks=[Budget()])
-        trainer.train()
+        try:
+            trainer.train()
+        finally:
+            rollout.close()
         model.eval()
-        rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-        return {"tokens": used["tokens"], "steps": used["steps"], "train_reward": rewards}
+        rewards = [round(h["reward"], 3) for h in trainer.state.log_history if "reward" in h]
+        return {"tokens": used["tokens"], "steps": used["steps"], "episodes": used["episodes"],
+                "train_reward": rewards}
 
     return run
 
@@ -224,26 +267,29 @@ def held_out(model: Any, tok: Any, tasks: Sequence[dict[str, Any]], a: argparse.
     from toolgym.rollout import TransformersPolicy
 
     policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
-    return evaluate(ENV, policy, list(tasks), seed=a.eval_seed, split="test", env_kwargs={"tokenizer": tok},
-                    num_envs=min(32, len(tasks)), max_turn_tokens=a.max_turn_tokens)
+    kw = env_kwargs(tok, "test")
+    kw.pop("split")
+    return evaluate(ENV, policy, list(tasks), seed=a.eval_seed, split="test", env_kwargs=kw,
+                    num_envs=len(tasks), max_turn_tokens=a.max_turn_tokens)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The markdown table of :func:`main`'s result rows."""
     head = ("| method | held-out success [95% CI] | Δ vs warm start [95% CI] | tool-call rate | train wall s "
-            "| tokens generated | notes |\n|---|---|---|---|---|---|---|")
+            "| train CPU s | tokens generated | notes |\n|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         lo, hi = r["success_ci95"]
         d = r.get("delta")
         delta = "—" if d is None else f"{d['mean']:+.1%} [{d['lo']:+.1%}, {d['hi']:+.1%}]"
         lines.append(f"| {LABELS.get(r['method'], r['method'])} | {r['success']:.1%} [{lo:.1%}, {hi:.1%}] | {delta} "
-                     f"| {r['tool_call_rate']:.1%} | {r['train_wall_s']:.0f} | {r['tokens']} | {r.get('notes', '')} |")
+                     f"| {r['tool_call_rate']:.1%} | {r['train_wall_s']:.0f} | {r.get('train_cpu_s', 0):.0f} | {r['tokens']} "
+                     f"| {r.get('notes', '')} |")
     return "\n".join(lines)
 
 
 def _notes(info: dict[str, Any]) -> str:
-    keys = ("rounds", "steps", "kept", "pairs")
+    keys = ("rounds", "steps", "episodes", "kept", "pairs")
     return ", ".join(f"{k} {info[k]}" for k in keys if k in info)
 
 
@@ -251,29 +297,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/algorithms"))
     ap.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {METHODS}")
-    ap.add_argument("--budget", type=int, default=6000, help="generated tokens per method")
+    ap.add_argument("--budget", type=int, default=10_000, help="generated tokens per method")
     ap.add_argument("--eval-tasks", type=int, default=100)
     ap.add_argument("--eval-seed", type=int, default=10_000)
     ap.add_argument("--warm", default=None, help="an existing warm-start checkpoint (default: build OUT/warm)")
-    ap.add_argument("--warm-steps", type=int, default=4, help="oracle-SFT steps (batch 8, lr 1e-4) of the warm start")
+    ap.add_argument("--warm-steps", type=int, default=3, help="masked-SFT steps (batch 8) of the warm start")
+    ap.add_argument("--warm-lr", type=float, default=5e-5)
+    ap.add_argument("--warm-episodes", type=int, default=32, help="oracle episodes of the warm start")
     ap.add_argument("--base", default="embedded",
                     help="model the warm start begins from: embedded, tiny (pipeline checks only) or a path")
     ap.add_argument("--round-tasks", type=int, default=16, help="episodes per sampling round (SFT/RFT/DPO)")
     ap.add_argument("--max-turn-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--sft-lr", type=float, default=1e-4)
+    ap.add_argument("--sft-lr", type=float, default=5e-5, help="SFT and RFT (masked SFT) learning rate")
+    ap.add_argument("--temperature", type=float, default=0.5, help="sampling temperature of RFT, DPO and GRPO")
     ap.add_argument("--dpo-samples", type=int, default=4, help="DPO: episodes per task")
     ap.add_argument("--dpo-beta", type=float, default=0.1)
-    ap.add_argument("--dpo-lr", type=float, default=1e-5)
+    ap.add_argument("--dpo-lr", type=float, default=3e-5)
     ap.add_argument("--grpo-lr", type=float, default=3e-5)
-    ap.add_argument("--grpo-generations", type=int, default=8)
-    ap.add_argument("--grpo-prompts", type=int, default=2)
+    ap.add_argument("--grpo-generations", type=int, default=4)
+    ap.add_argument("--grpo-prompts", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="tiny run: checks the pipeline, measures nothing")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.budget, a.eval_tasks, a.warm_steps, a.round_tasks = 150, 5, 1, 4
+        a.budget, a.eval_tasks, a.warm_steps, a.round_tasks, a.warm_episodes = 150, 5, 1, 4, 8
         a.grpo_generations, a.grpo_prompts, a.max_turn_tokens, a.dpo_samples = 2, 1, 48, 2
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     unknown = set(methods) - set(METHODS)
@@ -287,14 +336,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    warm = Path(a.warm) if a.warm else warm_start(a.out, a.warm_steps, a.seed, base=a.base)
+    warm = Path(a.warm) if a.warm else warm_start(a.out, a)
     eval_tasks = _tasks("test", a.eval_tasks, a.eval_seed)
     results: list[dict[str, Any]] = []
 
-    def record(method: str, model: Any, tok: Any, info: dict[str, Any], wall: float) -> None:
+    def record(method: str, model: Any, tok: Any, info: dict[str, Any], wall: float, cpu: float = 0.0) -> None:
         rep = held_out(model, tok, eval_tasks, a)
         row = {"method": method, "success": rep.success, "success_ci95": list(rep.success_ci95),
-               "tool_call_rate": rep.tool_call_rate, "train_wall_s": round(wall, 1), "tokens": info.get("tokens", 0),
+               "tool_call_rate": rep.tool_call_rate, "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1),
+               "tokens": info.get("tokens", 0),
                "per_task_success": rep.per_task_success, "eval_wall_s": rep.wall_s, "info": info,
                "notes": _notes(info)}
         if results:
@@ -312,9 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gc.collect()
         model, tok = _load(warm)
         torch.manual_seed(a.seed)
-        s = time.perf_counter()
+        s, c = time.perf_counter(), time.process_time()
         info = RUNNERS[m](model, tok, a.budget, a, TaskStream(a.seed + 7))
-        record(m, model, tok, info, time.perf_counter() - s)
+        record(m, model, tok, info, time.perf_counter() - s, time.process_time() - c)
     table = format_table(results)
     (a.out / "table.md").write_text(table + "\n")
     print(table)

@@ -291,6 +291,12 @@ def test_algorithms_tasks_are_held_out_and_the_same_for_every_method():
     assert a.take(5) == b.take(5) and a.take(3) == b.take(3)  # every method sees the same training tasks
     train_exprs = {t["expression"] for t in bench.TaskStream(7, n=512).rows}
     assert not train_exprs & {t["expression"] for t in test_tasks}
+    # the demo's held-out tasks and prompt: the GRPO row is the demo's GRPO, the warm row its warm start
+    from trainers.demo import DemoConfig, prompt_kwargs
+
+    cfg = DemoConfig()
+    assert [t["id"] for t in bench._tasks("test", cfg.eval_tasks, cfg.eval_seed)] == [t["id"] for t in test_tasks]
+    assert bench.prompt_kwargs() == prompt_kwargs(True)
 
 
 def test_algorithms_table_format():
@@ -299,9 +305,9 @@ def test_algorithms_table_format():
         {"method": "warm", "success": 0.3, "success_ci95": [0.22, 0.4], "tool_call_rate": 0.9, "train_wall_s": 0,
          "tokens": 0},
         {"method": "dpo", "success": 0.5, "success_ci95": [0.4, 0.6], "tool_call_rate": 1.0, "train_wall_s": 61.2,
-         "tokens": 6100, "delta": {"mean": 0.2, "lo": 0.1, "hi": 0.3}, "notes": "rounds 6, pairs 20"},
+         "train_cpu_s": 120.4, "tokens": 6100, "delta": {"mean": 0.2, "lo": 0.1, "hi": 0.3}, "notes": "rounds 6, pairs 20"},
     ]
     lines = bench.format_table(rows).splitlines()
     assert len(lines) == 4 and lines[0].startswith("| method | held-out success [95% CI]")
     assert lines[2].startswith("| warm start") and "| — |" in lines[2]
-    assert lines[3] == "| DPO | 50.0% [40.0%, 60.0%] | +20.0% [+10.0%, +30.0%] | 100.0% | 61 | 6100 | rounds 6, pairs 20 |"
+    assert lines[3] == "| DPO | 50.0% [40.0%, 60.0%] | +20.0% [+10.0%, +30.0%] | 100.0% | 61 | 120 | 6100 | rounds 6, pairs 20 |"
