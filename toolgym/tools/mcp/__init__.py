@@ -17,8 +17,8 @@ session), ``include``/``exclude`` (tool names), ``cacheable`` (allow the executo
 ``stderr`` (``"inherit"``, ``"devnull"`` or a file path for a stdio server's stderr), ``disabled``,
 ``idempotent`` (``true``, ``false`` or a list of tool names: calls that may be re-sent after the connection died
 mid-call; default: the tools whose MCP annotations say ``readOnlyHint`` or ``idempotentHint``) and
-``restart_after_timeouts`` (a stdio server whose calls time out this many times in a row, with no answer between,
-is restarted as hung; default 3, ``0`` never).
+``restart_after_timeouts`` (a server whose calls time out this many times in a row, with no answer between, is
+treated as hung: a stdio server is restarted, an HTTP server gets a new session; default 3, ``0`` never).
 A top-level list of such dicts (RL-Factory's form) is merged. A leading ``~`` in ``command`` is expanded. ``env`` is merged over the SDK's safe default
 environment (``HOME``, ``PATH``, ...), not over the whole parent environment.
 
@@ -37,14 +37,21 @@ Errors (each becomes a classified observation through the executor):
   only for tools marked idempotent (annotation or config): a call that may have run is never re-sent by default.
   The dead session is closed (its process reaped) and the next call starts a new one, with exponential
   backoff between failed (re)connects;
-* a stdio server that stops answering (hung, not dead): after ``restart_after_timeouts`` consecutive calls cancelled
-  without an answer (timeouts), its process is killed and the next call starts a new one;
+* a server that stops answering (hung, not dead): after ``restart_after_timeouts`` consecutive calls cancelled
+  without an answer (timeouts), a stdio server's process is killed and the next call starts a new one; an HTTP
+  session is closed and the next call opens a new one (a session stuck on the server side is replaced; for a
+  server that answers nobody, calls keep timing out, on time, until it answers a new handshake);
 * the executor's per-call timeout cancels the pending request: the SDK sends ``notifications/cancelled``
   and the session stays usable.
 
 All sessions live on the toolgym runtime loop (:mod:`toolgym.runtime`): each is owned by one long-lived
 task there (anyio task groups must be entered and exited in the same task); calls from any loop or thread
 are routed to it.
+
+Modules: :mod:`~toolgym.tools.mcp.config` (the ``mcpServers`` config), :mod:`~toolgym.tools.mcp.connection` (one
+server's session: lifecycle, restarts, stderr tail), :mod:`~toolgym.tools.mcp.toolset` (the tools, their names,
+the toolset) and :mod:`~toolgym.tools.mcp.results` (result text, error kinds, connect-error descriptions). Every
+public name is importable from here.
 """
 
 from toolgym.tools.mcp.config import (

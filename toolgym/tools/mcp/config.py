@@ -50,8 +50,9 @@ class MCPServerConfig:
         idempotent: which tools' calls may be re-sent after the connection died mid-call: ``True`` (all),
             ``False`` (none), a list of server-side tool names, or ``None`` (default: the tools annotated
             ``readOnlyHint`` or ``idempotentHint``).
-        restart_after_timeouts: restart a stdio server after this many consecutive calls cancelled without an
-            answer (``0``: never). HTTP servers are not restarted (toolgym does not own their process).
+        restart_after_timeouts: after this many consecutive calls cancelled without an answer, drop the session as
+            hung (``0``: never): a stdio server is restarted; an HTTP server gets a new session on new connections
+            (toolgym does not own its process).
     """
 
     name: str

@@ -104,7 +104,8 @@ class MCPServerConnection:
     Attributes:
         restarts: sessions opened after the first one (server restarts / reconnects).
         connect_failures: failed connect attempts.
-        hung_restarts: sessions dropped because ``restart_after_timeouts`` calls in a row got no answer.
+        hung_restarts: sessions dropped because ``restart_after_timeouts`` calls in a row got no answer (stdio: the
+            server process restarted; HTTP: a new session).
     """
 
     def __init__(
@@ -299,13 +300,17 @@ class MCPServerConnection:
             self._drop(session)
 
     def _unanswered(self, session: _Session) -> None:
-        """A call on ``session`` was cancelled with no answer (a timeout): restart a stdio server that has left
-        ``restart_after_timeouts`` calls in a row unanswered (hung, not dead: its pipe is still open)."""
+        """A call on ``session`` was cancelled with no answer (a timeout). After ``restart_after_timeouts`` calls in a
+        row unanswered the session is hung (not dead: its pipe or socket is still open) and is dropped: a stdio
+        server's process is killed and the next call starts a new one; over HTTP the session is closed (the SDK
+        ends it with a ``DELETE``, so the server can free what it holds) and the next call opens a new session on
+        new connections (the server's process is not toolgym's to restart)."""
         session.unanswered += 1
         n = self.config.restart_after_timeouts
-        if n and self.config.command is not None and session.unanswered >= n and self._session is session:
+        if n and session.unanswered >= n and self._session is session:
+            how = "restarting it" if self.config.command is not None else "opening a new session"
             logger.warning(
-                "MCP server %r: %d calls in a row got no answer; restarting it as hung", self.name, session.unanswered
+                "MCP server %r: %d calls in a row got no answer; %s as hung", self.name, session.unanswered, how
             )
             self.hung_restarts += 1
             self._drop(session)
