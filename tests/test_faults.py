@@ -484,6 +484,107 @@ def test_hung_stdio_server_is_restarted_after_consecutive_timeouts(tmp_path) -> 
     assert children() <= before
 
 
+def _start_http_fault_server(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return proc, port
+
+
+@pytest.mark.timeout(180)
+def test_hung_http_session_is_replaced_after_consecutive_timeouts(tmp_path) -> None:
+    """A streamable-HTTP server whose session is stuck (a per-session resource hangs while other sessions are
+    served) gets a new session after ``restart_after_timeouts`` unanswered calls in a row; with ``0`` it keeps the
+    stuck one. The server process is not toolgym's: it is neither killed nor restarted."""
+    proc, port = _start_http_fault_server({"FAULT_SERVER_MARKER_DIR": str(tmp_path)})
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    def toolset(restart_after: int) -> tuple[MCPToolset, ToolExecutor]:
+        cfg = {"url": url, "restart_after_timeouts": restart_after}
+        ts = MCPToolset({"mcpServers": {"fault": cfg}}, backoff_s=0.05, mode="legacy")  # a session-ful protocol
+        return ts, ToolExecutor(ts.connect(), default_timeout_s=0.5, max_retries=0)
+
+    async def wedge(ex: ToolExecutor, unanswered: int) -> tuple[str, str]:
+        pid0 = (await ex.run(ToolCall("pid", {}))).content
+        s0 = (await ex.run(ToolCall("session_id", {}))).content
+        assert s0 != "None" and (await ex.run(ToolCall("wedge_session", {}))).ok
+        for _ in range(unanswered):
+            assert (await ex.run(ToolCall("session_echo", {"text": "a"}))).error_kind is ToolErrorKind.TIMEOUT
+        return pid0, s0
+
+    async def replaced(ex: ToolExecutor) -> None:
+        pid0, s0 = await wedge(ex, 2)
+        # two calls in a row unanswered: the session is replaced; calls on the new one are answered
+        deadline = time.monotonic() + 30
+        while not (r := await ex.run(ToolCall("session_echo", {"text": "b"}))).ok and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert r.ok and r.content == "b", r.content
+        assert (await ex.run(ToolCall("session_id", {}))).content not in (s0, "None")
+        assert (await ex.run(ToolCall("pid", {}))).content == pid0  # the same server process
+
+    async def kept(ex: ToolExecutor) -> None:
+        _, s0 = await wedge(ex, 3)
+        assert (await ex.run(ToolCall("session_id", {}))).content == s0  # still the stuck session
+
+    try:
+        ts, ex = toolset(2)
+        try:
+            runtime.run_sync(replaced(ex))
+            conn = ts.servers["fault"]
+            assert conn.hung_restarts == 1 and conn.restarts == 1
+        finally:
+            ts.close()
+        ts, ex = toolset(0)
+        try:
+            runtime.run_sync(kept(ex))
+            assert ts.servers["fault"].hung_restarts == 0 and ts.servers["fault"].restarts == 0
+        finally:
+            ts.close()
+        assert proc.poll() is None  # never toolgym's to stop
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.timeout(180)
+def test_frozen_http_server_calls_time_out_on_time_once_the_session_is_dropped(tmp_path) -> None:
+    """A whole HTTP server frozen (its event loop blocked): on a session-ful protocol every timed-out call on the
+    stuck session also waits for the SDK's cancel notification to give up (~5 s here), and closing waits for it
+    too. Once ``restart_after_timeouts`` drops that session, later calls time out on time and close is prompt."""
+    proc, port = _start_http_fault_server({"FAULT_SERVER_MARKER_DIR": str(tmp_path)})
+    cfg = {"url": f"http://127.0.0.1:{port}/mcp", "restart_after_timeouts": 2}
+    ts = MCPToolset({"mcpServers": {"fault": cfg}}, backoff_s=0.05, mode="legacy", connect_timeout_s=30)
+    ex = ToolExecutor(ts.connect(), default_timeout_s=0.5, max_retries=0)
+
+    async def go() -> list[float]:
+        assert (await ex.run(ToolCall("freeze", {}))).error_kind is ToolErrorKind.TIMEOUT
+        assert (await ex.run(ToolCall("echo", {"text": "a"}))).error_kind is ToolErrorKind.TIMEOUT  # 2nd: dropped
+        walls = []
+        for _ in range(3):  # the new session's handshake is pending (the server answers nobody): calls time out
+            t0 = time.monotonic()
+            assert (await ex.run(ToolCall("echo", {"text": "b"}))).error_kind is ToolErrorKind.TIMEOUT
+            walls.append(time.monotonic() - t0)
+        return walls
+
+    try:
+        walls = runtime.run_sync(go())
+        assert ts.servers["fault"].hung_restarts == 1
+        assert max(walls) < 3.0, walls  # the per-call timeout (0.5 s), not the SDK's ~5 s cancel wait
+        t0 = time.monotonic()
+        ts.close()
+        assert time.monotonic() - t0 < 5.0  # with the stuck session kept, close took ~15 s
+    finally:
+        ts.close()
+        proc.kill()
+        proc.wait()
+
+
 # -- sandbox -------------------------------------------------------------------------------------------------
 needs_ns = pytest.mark.skipif(not namespaces_available(), reason="needs root and Linux namespaces")
 

@@ -292,7 +292,8 @@ def test_name_clashes_are_prefixed_predictably() -> None:
         names = sorted(t.name for t in ts.tools)
         # shared names get "<server>__", the rest keep their names
         assert names == sorted(["a__echo", "b__echo", "a__pid", "b__pid", "add", "count", "crash", "fail", "hang",
-                                "sleep_ms", "record", "freeze"])  # fmt: skip
+                                "sleep_ms", "record", "freeze", "session_id", "wedge_session",
+                                "session_echo"])  # fmt: skip
         ex = ToolExecutor(ts.tools)
         ra, rb = run_sync(ex.run_many([ToolCall("a__pid", {}), ToolCall("b__pid", {})]))
         assert ra.ok and rb.ok and ra.content != rb.content  # two processes

@@ -34,63 +34,45 @@ Set ``TOOLGYM_DEBUG=1`` to get the Python traceback of a failure.
 from __future__ import annotations
 
 import argparse
-import enum
 import json
 import os
-import re
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "SERVERS", "CLIError", "ExitCode", "build_parser", "main", "summary_line"]
+from toolgym.cli_bench import BENCHMARKS, SERVERS, run_benchmark, run_server, summary_line
+from toolgym.cli_bench import add_parsers as add_bench_parsers
+from toolgym.cli_common import (
+    CLIError,
+    ExitCode,
+    check_reachable,
+    check_report_to,
+    env_construction_error,
+    make_policy,
+    parse_env_kwargs,
+    print_error,
+    report_summary,
+    resolve_env_id,
+    trainers_module,
+)
+from toolgym.cli_eval import add_parser as add_eval_parser
+from toolgym.cli_eval import add_run_args
+from toolgym.cli_view import add_parsers as add_view_parsers
 
-
-class ExitCode(enum.IntEnum):
-    """Exit codes of the ``toolgym`` command."""
-
-    OK = 0
-    FAILURE = 1
-    USAGE = 2
-    INPUT = 3
-    UNREACHABLE = 4
-    INTERRUPTED = 130
-
-
-class CLIError(Exception):
-    """A failure with a message for the user and the exit code to return."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
-
-
-#: benchmark name -> (candidate script names under benchmarks/, what it measures)
-BENCHMARKS: dict[str, tuple[tuple[str, ...], str]] = {
-    "vector": (("vector_step.py",), "ToolVectorEnv step vs a sequential loop vs gymnasium AsyncVectorEnv"),
-    "tools": (("tool_latency.py",), "per-call latency of each built-in tool, direct vs through the executor"),
-    "retrieval": (("retrieval.py",), "BM25 retrieval: queries/s, local vs HTTP"),
-    "rollout": (("rollout.py",), "rollout throughput: TRL native tool loop vs the toolgym adapter"),
-    "mcp": (("mcp_latency.py",), "MCP call latency: stdio and streamable HTTP vs direct"),
-    "sandbox": (("sandbox.py",), "sandboxed Python executions/s: warm pool vs fresh interpreter"),
-    "judge": (("judge.py",), "LLM-judge throughput against a local model server"),
-}
-
-#: server name -> module with ``main(argv) -> int``
-SERVERS: dict[str, tuple[str, str]] = {
-    "retriever": ("toolgym.serve.retriever", "Search-R1 compatible /retrieve HTTP service (BM25)"),
-    "mcp": ("toolgym.serve.mcp", "toolgym's tools as an MCP server (stdio or streamable HTTP)"),
-    "model": ("toolgym.serve.model", "OpenAI-compatible /v1 completions server over a local transformers model"),
-}
-
-
-def _err(message: str) -> None:
-    print(f"toolgym: error: {message}", file=sys.stderr)
+__all__ = [
+    "BENCHMARKS",
+    "SERVERS",
+    "CLIError",
+    "ExitCode",
+    "build_parser",
+    "check_reachable",
+    "env_construction_error",
+    "main",
+    "parse_env_kwargs",
+    "resolve_env_id",
+    "summary_line",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -142,161 +124,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rollout
+# rollout (eval: toolgym/cli_eval.py; view, plot: toolgym/cli_view.py; bench, serve: toolgym/cli_bench.py)
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def resolve_env_id(name: str) -> str:
-    """A registered env id from ``name``: a toolgym id in any spelling (``toolgym/Calculator-v0``,
-    ``Calculator-v0``, ``calculator``), any id in Gymnasium's registry, or ``module:Env-v0`` (imports ``module``,
-    which registers the env, as ``gym.make`` does; returned unchanged).
-
-    Raises:
-        CLIError (usage): unknown env or module (the message lists the registered ones).
-    """
-    import gymnasium as gym
-
-    from toolgym.envs.registration import ENVS
-
-    if name in ENVS:
-        return name
-    if ":" in name:
-        import importlib
-
-        mod, _, env_id = name.partition(":")
-        try:
-            importlib.import_module(mod)
-        except ImportError as e:
-            raise CLIError(f"env {name!r}: cannot import module {mod!r} ({e})", ExitCode.USAGE) from None
-        if env_id not in gym.registry:
-            raise CLIError(f"env {name!r}: module {mod!r} registers no env {env_id!r}", ExitCode.USAGE)
-        return name
-    if name in gym.registry:
-        return name
-    low = name.lower()
-    for k in ENVS:
-        short = k.split("/", 1)[-1]
-        if low in (k.lower(), short.lower(), short.rsplit("-v", 1)[0].lower()):
-            return k
-    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`; a user env: "
-                   "module:Env-v0)", ExitCode.USAGE)
-
-
-def env_construction_error(env_id: str, exc: BaseException) -> CLIError:
-    """A one-line :class:`CLIError` for an env that could not be built: a missing/unreadable/malformed file
-    (config, tasks) -> input (3); an unreachable service -> unreachable (4); a bad argument value or name ->
-    usage (2); anything else -> failure (1). No raw exception-class prefixes."""
-    import gymnasium as gym
-
-    msg = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError | UnicodeDecodeError | json.JSONDecodeError):
-        where = getattr(exc, "filename", None)
-        detail = getattr(exc, "strerror", None) or msg
-        return CLIError(f"{env_id}: cannot read {where}: {detail}" if where else f"{env_id}: {detail}", ExitCode.INPUT)
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return CLIError(f"{env_id}: cannot reach a service: {msg}", ExitCode.UNREACHABLE)
-    from toolgym.errors import InputFileError
-
-    if isinstance(exc, InputFileError):
-        return CLIError(f"{env_id}: {msg}", ExitCode.INPUT)
-    if isinstance(exc, TypeError | ValueError | ImportError | gym.error.Error):
-        return CLIError(f"bad env arguments for {env_id}: {msg}", ExitCode.USAGE)
-    return CLIError(f"{env_id}: {msg}", ExitCode.FAILURE)
-
-
-def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
-    """``["split=test", "max_turns=2"]`` -> ``{"split": "test", "max_turns": 2}``: values are JSON when they parse
-    as JSON (numbers, booleans, lists, objects, quoted strings), else plain strings."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip() or not key.strip().isidentifier():
-            raise CLIError(f"--env-kwarg expects KEY=VALUE with KEY a Python identifier, got {item!r}", ExitCode.USAGE)
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out[key.strip()] = value
-    return out
-
-
-def check_reachable(url: str, timeout_s: float = 5.0) -> None:
-    """Raise :class:`CLIError` (unreachable) unless an HTTP server answers at ``url`` (any HTTP status counts)."""
-    base = url.rstrip("/")
-    probe = (base if base.endswith("/v1") else base + "/v1") + "/models"
-    try:
-        with urllib.request.urlopen(probe, timeout=timeout_s) as resp:  # noqa: S310 (http(s) only, checked by caller)
-            resp.read(1)
-    except urllib.error.HTTPError:
-        return  # it answered
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise CLIError(f"cannot reach the policy server at {url}: {reason}", ExitCode.UNREACHABLE) from None
-
-
-def _trainers_module(name: str) -> Any:
-    """Import ``trainers.<x>`` lazily (registry, tracking): the core never imports it at module level."""
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise CLIError(f"{name} is not available ({e}); install toolgym[train,registry] from a checkout",
-                       ExitCode.USAGE) from None
-
-
-def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any], *, params: dict[str, Any],
-                   artifacts: Sequence[str | Path] = (), documents: dict[str, Any] | None = None) -> None:
-    """Send a rollout/eval summary to the ``--report-to`` backends (mlflow, tensorboard, wandb, trackio)."""
-    backends = getattr(args, "report_to_checked", None)
-    if not backends:
-        return
-    tracking = _trainers_module("trainers.tracking")
-    policy = str(params.get("policy", ""))
-    name = f"{kind} {params.get('env_id', '')} {policy if ':/' in policy else Path(policy).name}".strip()
-    where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
-                                    artifacts=artifacts, documents=documents)
-    for backend, loc in where.items():
-        print(f"reported to {backend}: {loc}", file=sys.stderr)
-
-
-def check_report_to(args: argparse.Namespace) -> None:
-    """Validate ``--report-to`` before any work (exit 2 unknown/not installed, 4 MLflow server unreachable)."""
-    if getattr(args, "report_to", None):
-        args.report_to_checked = _trainers_module("trainers.tracking").check_report_backends(args.report_to)
-
-
-def _make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
-    """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use."""
-    from toolgym.models import load_model, load_tokenizer, tiny_random_model
-    from toolgym.rollout import OpenAIPolicy, TransformersPolicy
-
-    spec: str = args.policy
-    if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
-        spec = str(_trainers_module("trainers.registry").resolve_model_uri(spec))
-    if spec.startswith(("http://", "https://")):
-        check_reachable(spec)
-        tok = load_tokenizer(None if args.tokenizer in (None, "embedded") else args.tokenizer)
-        policy = OpenAIPolicy(spec, model=args.model_name, temperature=args.temperature)
-        return policy, tok
-    if spec == "tiny":
-        tok = load_tokenizer(None)
-        model = tiny_random_model(tok, seed=args.seed or 0)
-    elif spec == "embedded":
-        model, tok = load_model()
-    else:
-        if "://" in spec:
-            raise CLIError(f"--policy URL must be http:// or https://, got {spec!r}", ExitCode.USAGE)
-        path = Path(spec).expanduser()
-        if not path.exists():
-            raise CLIError(
-                f"--policy {spec!r}: no such model path (use 'embedded', 'tiny', an http(s):// URL of an "
-                "OpenAI-compatible server, or a model directory / .gguf file)",
-                ExitCode.INPUT,
-            )
-        model, tok = load_model(path)
-    policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True)
-    return policy, tok
 
 
 def format_summary(summary: dict[str, Any], stats: dict[str, Any] | None = None) -> str:
@@ -341,7 +170,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
     from toolgym.rollout import RolloutDriver, summarize
 
-    policy, tok = _make_policy(args)
+    policy, tok = make_policy(args)
     env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
@@ -377,219 +206,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# view / plot
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _tokenizer_for_view(spec: str) -> Any:
-    if spec == "none":
-        return None
-    from toolgym.models import EmbeddedModelMissingError
-
-    try:
-        from toolgym.models import load_tokenizer
-
-        return load_tokenizer(None if spec == "embedded" else spec)
-    except EmbeddedModelMissingError as e:
-        print(f"toolgym: warning: {e}; showing the mask view from the turn texts instead", file=sys.stderr)
-        return None
-    except (OSError, ValueError) as e:
-        raise CLIError(f"cannot load tokenizer {spec!r}: {e}", ExitCode.INPUT) from None
-
-
-def cmd_view(args: argparse.Namespace) -> int:
-    from toolgym.viewer import TrajectoryFileError, load_trajectory_rows, write_report
-
-    src = Path(args.trajectories)
-    try:
-        rows = load_trajectory_rows(src)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        raise CLIError(f"cannot read {src}: {e.strerror or e}", ExitCode.INPUT) from None
-    except (TrajectoryFileError, UnicodeDecodeError) as e:
-        raise CLIError(str(e), ExitCode.INPUT) from None
-    other = None
-    if args.compare:
-        try:
-            other = load_trajectory_rows(args.compare)
-        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise CLIError(f"cannot read {args.compare}: {e.strerror or e}", ExitCode.INPUT) from None
-        except (TrajectoryFileError, UnicodeDecodeError) as e:
-            raise CLIError(str(e), ExitCode.INPUT) from None
-    tok = _tokenizer_for_view(args.tokenizer)
-    title = args.title or f"toolgym trajectories — {src.name}" + (f" vs {Path(args.compare).name}" if other is not None else "")
-    labels = (src.name, Path(args.compare).name) if other is not None else None
-    if labels is not None and labels[0] == labels[1]:
-        labels = (str(src), str(args.compare))
-    try:
-        path = write_report(rows, args.out, tokenizer=tok, title=title, limit=args.limit, compare=other, labels=labels)
-    except OSError as e:
-        raise CLIError(f"cannot write {args.out}: {e.strerror or e}", ExitCode.INPUT) from None
-    shown = len(rows) if args.limit is None else min(len(rows), args.limit)
-    print(f"wrote {path} ({shown} episodes)")
-    return ExitCode.OK
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    from toolgym import plots
-    from toolgym.viewer import TrajectoryFileError
-
-    try:
-        if args.kind == "curves":
-            metrics = [m.strip() for m in args.metrics.split(",") if m.strip()]
-            if len(args.inputs) > 1:  # several runs overlaid, legend by run name
-                path = plots.plot_runs(args.inputs, args.out, metrics=metrics, smooth=args.smooth,
-                                       title=args.title or "training runs")
-            else:
-                path = plots.plot_training_curves(args.inputs[0], args.out, metrics=metrics, smooth=args.smooth,
-                                                  title=args.title or "training")
-        else:
-            src: Any = args.inputs[0] if len(args.inputs) == 1 else list(args.inputs)
-            path = plots.plot_latency_histogram(src, args.out, title=args.title or "tool-call latency")
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        raise CLIError(f"cannot read {getattr(e, 'filename', '') or args.inputs}: {e.strerror or e}",
-                       ExitCode.INPUT) from None
-    except (ValueError, TrajectoryFileError, UnicodeDecodeError) as e:
-        raise CLIError(str(e), ExitCode.INPUT) from None
-    print(f"wrote {path}")
-    return ExitCode.OK
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# bench / serve
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def benchmarks_dir() -> Path | None:
-    """The ``benchmarks/`` directory: ``$TOOLGYM_BENCHMARKS``, else next to the package (a source checkout),
-    else under the current directory."""
-    env = os.environ.get("TOOLGYM_BENCHMARKS")
-    cands = [Path(env)] if env else []
-    cands += [Path(__file__).resolve().parent.parent / "benchmarks", Path.cwd() / "benchmarks"]
-    return next((c for c in cands if c.is_dir()), None)
-
-
-def benchmark_script(name: str) -> Path:
-    """The script behind ``toolgym bench NAME``.
-
-    Raises:
-        CLIError: unknown name (usage) or script not found (input).
-    """
-    if name not in BENCHMARKS:
-        raise CLIError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}", ExitCode.USAGE)
-    d = benchmarks_dir()
-    if d is None:
-        raise CLIError("no benchmarks/ directory found (run from a toolgym checkout or set TOOLGYM_BENCHMARKS)",
-                       ExitCode.INPUT)
-    for cand in BENCHMARKS[name][0]:
-        if (d / cand).is_file():
-            return d / cand
-    raise CLIError(f"benchmark {name!r}: none of {', '.join(BENCHMARKS[name][0])} in {d}", ExitCode.INPUT)
-
-
-_RATIO = re.compile(r"\bratio\b|\bspeed-?up\b|\b\d+(?:\.\d+)?x\b|\bx vs\b", re.IGNORECASE)
-_TABLE_HEAD = re.compile(r"\bratio\b|\bvs\b|\w/\w|\bspeed-?up\b|\bx vs\b", re.IGNORECASE)
-
-
-def _is_table_header(s: str) -> bool:
-    return bool(_TABLE_HEAD.search(s)) and (s.startswith("|") or len(re.findall(r"\S\s{2,}\S", s)) >= 2)
-
-
-def ratio_lines(lines: Sequence[str]) -> list[str]:
-    """The lines of a benchmark's output that state ratios: lines naming a ratio / speed-up / ``N.Nx``, and whole
-    tables (up to the next blank line) whose header has a ratio column (``ratio``, ``vs``, ``a/b``)."""
-    out: list[str] = []
-    in_table = False
-    for line in lines:
-        s = line.rstrip()
-        if not s.strip():
-            in_table = False
-            continue
-        if in_table:
-            out.append(s)
-        elif s.lstrip().startswith(("{", "[")):
-            continue
-        elif _is_table_header(s.strip()):
-            in_table = True
-            out.append(s)
-        elif _RATIO.search(s):
-            out.append(s)
-    return out
-
-
-def run_benchmark(name: str, extra: Sequence[str]) -> int:
-    """Run ``benchmarks/<script>`` with ``extra`` args in this interpreter, stream its output, then repeat the
-    lines that state ratios. Returns 0, or 1 when the script fails."""
-    script = benchmark_script(name)
-    repo = script.parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(repo), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, str(script), *extra]
-    print(f"$ {' '.join(cmd)}", flush=True)
-    t0 = time.perf_counter()
-    lines: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, cwd=str(repo), bufsize=1) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            lines.append(line)
-        rc = proc.wait()
-    wall = time.perf_counter() - t0
-    if rc != 0:
-        _err(f"benchmark {name} ({script.name}) exited with status {rc} after {wall:.0f} s")
-        return ExitCode.FAILURE
-    if any(a in ("-h", "--help") for a in extra):
-        return ExitCode.OK  # the script printed its help; there are no results to summarise
-    summary = summary_line(lines)
-    if summary is not None:
-        ratios = summary.get("ratios") or {}
-        if ratios:
-            print(f"\n== {name}: ratios ==")
-            width = max(len(str(k)) for k in ratios)
-            for k, v in ratios.items():
-                print(f"{k:<{width}}  {v:.2f}x" if isinstance(v, int | float) else f"{k:<{width}}  {v}")
-            for k, v in (summary.get("units") or {}).items():
-                print(f"  ({k}: {v})")
-    else:  # a script without a summary line: repeat the lines that state ratios
-        ratios_text = ratio_lines(lines)
-        if ratios_text:
-            print(f"\n== {name}: ratios ==")
-            for r in ratios_text:
-                print(r)
-    print(f"\n{name}: done in {wall:.0f} s ({script.name})")
-    return ExitCode.OK
-
-
-def summary_line(lines: Sequence[str]) -> dict[str, Any] | None:
-    """The benchmark's JSON summary: the last stdout line that is a JSON object with a ``toolgym_bench`` key
-    (``{"toolgym_bench": NAME, "ratios": {label: x}, "units": {...}, "results": {...}}``), or ``None``."""
-    for line in reversed(lines):
-        s = line.strip()
-        if s.startswith("{") and '"toolgym_bench"' in s:
-            try:
-                obj = json.loads(s)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                return obj
-    return None
-
-
-def run_server(name: str, extra: Sequence[str]) -> int:
-    """Dispatch ``toolgym serve NAME ARGS`` to ``toolgym.serve.<name>.main(ARGS)``."""
-    import importlib
-
-    if name not in SERVERS:
-        raise CLIError(f"unknown server {name!r}; choose from {', '.join(SERVERS)}", ExitCode.USAGE)
-    try:
-        mod = importlib.import_module(SERVERS[name][0])
-    except ImportError as e:
-        raise CLIError(f"server {name!r} is not available: {e}", ExitCode.FAILURE) from None
-    rc = mod.main(list(extra))
-    return int(rc or 0)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # parser and main
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -600,8 +216,6 @@ _EPILOG = """exit codes: 0 ok, 1 runtime failure, 2 usage error, 3 file missing/
 def build_parser() -> argparse.ArgumentParser:
     """The ``toolgym`` argument parser (``bench`` / ``serve`` forward their remaining arguments)."""
     from toolgym import __version__
-    from toolgym.cli_eval import add_parser as add_eval_parser
-    from toolgym.cli_eval import add_run_args
 
     p = argparse.ArgumentParser(
         prog="toolgym", description="Token-level Gymnasium environments for training LLMs to use tools.",
@@ -632,41 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_args(s, temperature=1.0, what="summary")
     s.set_defaults(func=cmd_rollout)
 
-
     add_eval_parser(sub, _EPILOG)
-
-    s = sub.add_parser("view", help="write a self-contained HTML report of a trajectory file", epilog=_EPILOG)
-    s.add_argument("trajectories", help="trajectory JSONL (one Trajectory.to_dict() per line)")
-    s.add_argument("--out", default="report.html")
-    s.add_argument("--tokenizer", default="embedded",
-                   help="decodes token ids for the loss-mask view: 'embedded', 'none' (use turn texts), or a path")
-    s.add_argument("--limit", type=int, default=None, help="only the first N episodes (of each file)")
-    s.add_argument("--compare", default=None, metavar="B.jsonl",
-                   help="a second trajectory file (e.g. after training), compared with the first per task")
-    s.add_argument("--title", default=None)
-    s.set_defaults(func=cmd_view)
-
-    s = sub.add_parser("plot", help="PNG plots: training curves or tool-latency histograms", epilog=_EPILOG)
-    s.add_argument("kind", choices=["curves", "latency"])
-    s.add_argument("inputs", nargs="+", help="curves: training log(s) (JSONL rows, trainer_state.json, demo "
-                   "metrics.json; several are overlaid, one line per run); latency: trajectory JSONL file(s) or a {tool: [seconds]} JSON file")
-    s.add_argument("--out", required=True, help="PNG to write")
-    s.add_argument("--metrics", default="reward,success,tool_call_rate", help="curves: comma-separated metrics")
-    s.add_argument("--smooth", type=int, default=1, help="curves: moving-average window")
-    s.add_argument("--title", default=None)
-    s.set_defaults(func=cmd_plot)
-
-    s = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (extra args are forwarded)",
-                       description="\n".join(f"  {k:<10} {v[1]}" for k, v in BENCHMARKS.items()),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("name", choices=list(BENCHMARKS))
-    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark script")
-
-    s = sub.add_parser("serve", help="start a service (extra args are forwarded; NAME --help lists them)",
-                       description="\n".join(f"  {k:<10} {v[1]}" for k, v in SERVERS.items()),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("name", choices=list(SERVERS))
-    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the server")
+    add_view_parsers(sub, _EPILOG)
+    add_bench_parsers(sub)
 
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
@@ -694,7 +276,7 @@ def run_train(argv: list[str]) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["registry"]:  # trainers/registry.py owns its arguments
-        return int(_trainers_module("trainers.registry").main(argv[1:]))
+        return int(trainers_module("trainers.registry").main(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).
     if len(argv) >= 2 and argv[0] in ("bench", "serve") and not argv[1].startswith("-"):
         table = BENCHMARKS if argv[0] == "bench" else SERVERS
@@ -716,10 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as e:
         if debug:
             raise
-        _err(e.message)
+        print_error(e.message)
         return int(e.code)
     except KeyboardInterrupt:
-        _err("interrupted")
+        print_error("interrupted")
         return ExitCode.INTERRUPTED
     except SystemExit as e:  # argparse (2) and --help/--version (0)
         code = e.code
@@ -727,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the command line reports, it does not crash
         if debug:
             raise
-        _err(f"{type(e).__name__}: {e}")
+        print_error(f"{type(e).__name__}: {e}")
         return ExitCode.FAILURE
 
 

@@ -1,7 +1,8 @@
 """``toolgym eval``: each task of a split once (x k samples), success with a 95% Wilson interval, pass@k.
 
 The command is a thin layer over :func:`toolgym.eval.evaluate`; ``toolgym/cli.py`` only registers the subparser
-(:func:`add_parser`) and dispatches to :func:`cmd_eval`.
+(:func:`add_parser`) and dispatches to :func:`cmd_eval`. This module imports :mod:`toolgym.cli_common`, never
+:mod:`toolgym.cli`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,17 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from toolgym.cli_common import (
+    CLIError,
+    ExitCode,
+    check_report_to,
+    env_construction_error,
+    make_policy,
+    parse_env_kwargs,
+    report_summary,
+    resolve_env_id,
+)
 
 __all__ = ["add_parser", "add_run_args", "cmd_eval"]
 
@@ -62,18 +74,15 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
 
 def _policy(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """``(policy, tokenizer or None, name)`` for ``--policy``."""
-    from toolgym.cli import _make_policy  # one place builds model policies for rollout and eval
-
     if args.policy == "oracle":
         from toolgym.eval import oracle_policy
 
         return oracle_policy(), None, "oracle"
-    policy, tok = _make_policy(args)
+    policy, tok = make_policy(args)  # one place builds model policies for rollout and eval
     return policy, tok, args.policy
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from toolgym.cli import CLIError, ExitCode, parse_env_kwargs, resolve_env_id
     from toolgym.eval import (
         TaskFileError,
         TaskSelectionError,
@@ -107,14 +116,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.split is not None:
         env_kwargs["split"] = args.split
 
-    from toolgym.cli import check_report_to, report_summary
-
     check_report_to(args)  # before any work: unknown / not installed backend (2), unreachable MLflow server (4)
     policy, tok, name = _policy(args)
     if tok is not None:
         env_kwargs.setdefault("tokenizer", tok)
-    from toolgym.cli import env_construction_error
-
     try:
         venv = make_eval_vector_env(env_id, args.num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code

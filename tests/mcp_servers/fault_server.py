@@ -4,7 +4,9 @@ Tools: ``echo``, ``add``, ``pid`` (the server's process id), ``sleep_ms`` (a slo
 idempotent), ``hang`` (never returns; records its own cancellation), ``fail`` (raises: an ``isError`` result),
 ``crash`` (the process exits mid-call), ``count`` (how many calls this process has served), ``record`` (appends its
 token to ``<marker dir>/record.log`` then sleeps: a non-idempotent side effect), ``freeze`` (blocks the server's
-event loop: the whole server hangs without dying).
+event loop: the whole server hangs without dying); over HTTP with sessions (the legacy ``initialize`` protocol):
+``session_id`` (the caller's ``Mcp-Session-Id``), ``wedge_session`` (the caller's session gets stuck: from then on
+``session_echo`` hangs on it, as a stuck per-session resource would, while other sessions are served).
 
 Run: ``python fault_server.py`` (stdio) or ``python fault_server.py --http PORT``. Set
 ``FAULT_SERVER_MARKER_DIR`` to a directory where ``hang`` writes ``cancelled-<token>`` when its request is
@@ -19,11 +21,12 @@ import os
 import time
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
 server = MCPServer("toolgym-fault-server")
 _calls = 0
+_wedged: set[str | None] = set()  # session ids whose per-session resource is stuck
 
 
 def _mark(name: str) -> None:
@@ -102,6 +105,31 @@ async def freeze() -> str:
     _mark("frozen")
     time.sleep(3600)
     return "unreachable"
+
+
+def _session(ctx: Context) -> str | None:
+    return (ctx.headers or {}).get("mcp-session-id")
+
+
+@server.tool()
+def session_id(ctx: Context) -> str:
+    """The caller's MCP session id (HTTP with sessions; ``None`` otherwise)."""
+    return str(_session(ctx))
+
+
+@server.tool()
+def wedge_session(ctx: Context) -> str:
+    """Make the caller's session stuck: ``session_echo`` never answers on it again."""
+    _wedged.add(_session(ctx))
+    return "wedged"
+
+
+@server.tool()
+async def session_echo(text: str, ctx: Context) -> str:
+    """Return the text, unless the caller's session is wedged: then never return (until cancelled)."""
+    if _session(ctx) in _wedged:
+        await asyncio.sleep(3600)
+    return text
 
 
 @server.tool()

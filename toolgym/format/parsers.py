@@ -20,6 +20,12 @@ the call ids its template accepts (:meth:`ToolCallParser.call_id`), whether the 
 template (:attr:`ToolCallParser.template_markers`, used by ``parser="auto"``: :func:`detect_parser`).
 
 Register a new family with ``@register_parser("name")`` on a :class:`ToolCallParser` subclass.
+
+This module never imports :mod:`toolgym.format.families` (which imports the base classes from here): the package
+``toolgym.format`` imports the families, so they are registered whenever this module is importable (importing
+``toolgym.format.parsers`` runs ``toolgym/format/__init__.py`` first). Registration order matters for
+:func:`detect_parser` (later = more specific), and it is fixed: ``families`` imports this module (registering
+``hermes`` and ``llama3_json``) before it registers its own parsers.
 """
 
 from __future__ import annotations
@@ -355,7 +361,3 @@ class Llama3JsonParser(ToolCallParser):
         body = "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
         return f"{content}\n{body}".strip() if content and not calls else body or content
 
-
-# Families registered in their own module (they import the base classes above). Registration order matters for
-# ``detect_parser``: the most specific markers are checked first, so they are imported before hermes is matched.
-from toolgym.format import families as _families  # noqa: E402,F401

@@ -1,0 +1,210 @@
+"""What every ``toolgym`` subcommand module shares: the exit codes, :class:`CLIError`, env-id resolution and
+env-construction errors, ``--env-kwarg`` parsing, the policy built from ``--policy``, and ``--report-to``.
+
+:mod:`toolgym.cli` and the subcommand modules (:mod:`toolgym.cli_eval`, :mod:`toolgym.cli_bench`,
+:mod:`toolgym.cli_view`) import this module; it imports none of them (dependencies point one way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CLIError",
+    "ExitCode",
+    "check_reachable",
+    "check_report_to",
+    "env_construction_error",
+    "make_policy",
+    "parse_env_kwargs",
+    "print_error",
+    "report_summary",
+    "resolve_env_id",
+    "trainers_module",
+]
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of the ``toolgym`` command."""
+
+    OK = 0
+    FAILURE = 1
+    USAGE = 2
+    INPUT = 3
+    UNREACHABLE = 4
+    INTERRUPTED = 130
+
+
+class CLIError(Exception):
+    """A failure with a message for the user and the exit code to return."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def print_error(message: str) -> None:
+    """One ``toolgym: error: MESSAGE`` line on stderr."""
+    print(f"toolgym: error: {message}", file=sys.stderr)
+
+
+def resolve_env_id(name: str) -> str:
+    """A registered env id from ``name``: a toolgym id in any spelling (``toolgym/Calculator-v0``,
+    ``Calculator-v0``, ``calculator``), any id in Gymnasium's registry, or ``module:Env-v0`` (imports ``module``,
+    which registers the env, as ``gym.make`` does; returned unchanged).
+
+    Raises:
+        CLIError (usage): unknown env or module (the message lists the registered ones).
+    """
+    import gymnasium as gym
+
+    from toolgym.envs.registration import ENVS
+
+    if name in ENVS:
+        return name
+    if ":" in name:
+        import importlib
+
+        mod, _, env_id = name.partition(":")
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise CLIError(f"env {name!r}: cannot import module {mod!r} ({e})", ExitCode.USAGE) from None
+        if env_id not in gym.registry:
+            raise CLIError(f"env {name!r}: module {mod!r} registers no env {env_id!r}", ExitCode.USAGE)
+        return name
+    if name in gym.registry:
+        return name
+    low = name.lower()
+    for k in ENVS:
+        short = k.split("/", 1)[-1]
+        if low in (k.lower(), short.lower(), short.rsplit("-v", 1)[0].lower()):
+            return k
+    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`; a user env: "
+                   "module:Env-v0)", ExitCode.USAGE)
+
+
+def env_construction_error(env_id: str, exc: BaseException) -> CLIError:
+    """A one-line :class:`CLIError` for an env that could not be built: a missing/unreadable/malformed file
+    (config, tasks) -> input (3); an unreachable service -> unreachable (4); a bad argument value or name ->
+    usage (2); anything else -> failure (1). No raw exception-class prefixes."""
+    import gymnasium as gym
+
+    msg = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError | UnicodeDecodeError | json.JSONDecodeError):
+        where = getattr(exc, "filename", None)
+        detail = getattr(exc, "strerror", None) or msg
+        return CLIError(f"{env_id}: cannot read {where}: {detail}" if where else f"{env_id}: {detail}", ExitCode.INPUT)
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return CLIError(f"{env_id}: cannot reach a service: {msg}", ExitCode.UNREACHABLE)
+    from toolgym.errors import InputFileError
+
+    if isinstance(exc, InputFileError):
+        return CLIError(f"{env_id}: {msg}", ExitCode.INPUT)
+    if isinstance(exc, TypeError | ValueError | ImportError | gym.error.Error):
+        return CLIError(f"bad env arguments for {env_id}: {msg}", ExitCode.USAGE)
+    return CLIError(f"{env_id}: {msg}", ExitCode.FAILURE)
+
+
+def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
+    """``["split=test", "max_turns=2"]`` -> ``{"split": "test", "max_turns": 2}``: values are JSON when they parse
+    as JSON (numbers, booleans, lists, objects, quoted strings), else plain strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip() or not key.strip().isidentifier():
+            raise CLIError(f"--env-kwarg expects KEY=VALUE with KEY a Python identifier, got {item!r}", ExitCode.USAGE)
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def check_reachable(url: str, timeout_s: float = 5.0) -> None:
+    """Raise :class:`CLIError` (unreachable) unless an HTTP server answers at ``url`` (any HTTP status counts)."""
+    base = url.rstrip("/")
+    probe = (base if base.endswith("/v1") else base + "/v1") + "/models"
+    try:
+        with urllib.request.urlopen(probe, timeout=timeout_s) as resp:  # noqa: S310 (http(s) only, checked by caller)
+            resp.read(1)
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, TimeoutError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise CLIError(f"cannot reach the policy server at {url}: {reason}", ExitCode.UNREACHABLE) from None
+
+
+def trainers_module(name: str) -> Any:
+    """Import ``trainers.<x>`` lazily (registry, tracking): the core never imports it at module level."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise CLIError(f"{name} is not available ({e}); install toolgym[train,registry] from a checkout",
+                       ExitCode.USAGE) from None
+
+
+def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any], *, params: dict[str, Any],
+                   artifacts: Sequence[str | Path] = (), documents: dict[str, Any] | None = None) -> None:
+    """Send a rollout/eval summary to the ``--report-to`` backends (mlflow, tensorboard, wandb, trackio)."""
+    backends = getattr(args, "report_to_checked", None)
+    if not backends:
+        return
+    tracking = trainers_module("trainers.tracking")
+    policy = str(params.get("policy", ""))
+    name = f"{kind} {params.get('env_id', '')} {policy if ':/' in policy else Path(policy).name}".strip()
+    where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
+                                    artifacts=artifacts, documents=documents)
+    for backend, loc in where.items():
+        print(f"reported to {backend}: {loc}", file=sys.stderr)
+
+
+def check_report_to(args: argparse.Namespace) -> None:
+    """Validate ``--report-to`` before any work (exit 2 unknown/not installed, 4 MLflow server unreachable)."""
+    if getattr(args, "report_to", None):
+        args.report_to_checked = trainers_module("trainers.tracking").check_report_backends(args.report_to)
+
+
+def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use."""
+    from toolgym.models import load_model, load_tokenizer, tiny_random_model
+    from toolgym.rollout import OpenAIPolicy, TransformersPolicy
+
+    spec: str = args.policy
+    if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
+        spec = str(trainers_module("trainers.registry").resolve_model_uri(spec))
+    if spec.startswith(("http://", "https://")):
+        check_reachable(spec)
+        tok = load_tokenizer(None if args.tokenizer in (None, "embedded") else args.tokenizer)
+        policy = OpenAIPolicy(spec, model=args.model_name, temperature=args.temperature)
+        return policy, tok
+    if spec == "tiny":
+        tok = load_tokenizer(None)
+        model = tiny_random_model(tok, seed=args.seed or 0)
+    elif spec == "embedded":
+        model, tok = load_model()
+    else:
+        if "://" in spec:
+            raise CLIError(f"--policy URL must be http:// or https://, got {spec!r}", ExitCode.USAGE)
+        path = Path(spec).expanduser()
+        if not path.exists():
+            raise CLIError(
+                f"--policy {spec!r}: no such model path (use 'embedded', 'tiny', an http(s):// URL of an "
+                "OpenAI-compatible server, or a model directory / .gguf file)",
+                ExitCode.INPUT,
+            )
+        model, tok = load_model(path)
+    policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True)
+    return policy, tok

@@ -1,0 +1,106 @@
+"""MCP results and errors as toolgym sees them: the text a model reads from a ``CallToolResult``, the error kind a
+``toolgym serve mcp`` server attached, the per-call encodability check, and which exceptions mean the session is
+gone (plus a one-line description of a failed connect)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from toolgym.tools.base import ToolError, ToolErrorKind
+
+__all__ = ["ERROR_KIND_META", "describe_connect_error"]
+
+ERROR_KIND_META = "toolgym/error_kind"  # same key as toolgym.serve.mcp.ERROR_KIND_META
+
+
+def _result_text(result: Any) -> str:
+    """The text a model reads from a ``CallToolResult``: text blocks joined by newlines, placeholders for
+    binary blocks, or the structured content as JSON when there is no content."""
+    import mcp_types as types
+
+    parts: list[str] = []
+    for block in result.content or []:
+        if isinstance(block, types.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, types.ImageContent | types.AudioContent):
+            kind = "image" if isinstance(block, types.ImageContent) else "audio"
+            parts.append(f"[{kind}: {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
+        elif isinstance(block, types.ResourceLink):
+            parts.append(f"[resource: {block.uri}]")
+        elif isinstance(block, types.EmbeddedResource):
+            res = block.resource
+            parts.append(res.text if isinstance(res, types.TextResourceContents) else f"[resource: {res.uri}]")
+        else:  # pragma: no cover - future content types
+            parts.append(str(block))
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content, ensure_ascii=False)
+    return "\n".join(parts)
+
+
+def _error_kind(result: Any) -> ToolErrorKind:
+    """``exception``, or the kind a ``toolgym serve mcp`` server put in ``_meta["toolgym/error_kind"]``."""
+    meta = getattr(result, "meta", None) or {}
+    try:
+        return ToolErrorKind(meta.get(ERROR_KIND_META, "exception"))
+    except ValueError:
+        return ToolErrorKind.EXCEPTION
+
+
+def _check_encodable(arguments: Mapping[str, Any]) -> None:
+    """Raise ``invalid_arguments`` unless ``arguments`` encode as strict JSON in UTF-8 (what the transport sends).
+
+    Checked per call before anything is sent: an argument the transport cannot encode (a lone surrogate such as
+    ``"\\ud800"`` from the model's JSON, NaN) would otherwise fail inside the shared session's writer."""
+    try:
+        json.dumps(arguments, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
+        raise ToolError(
+            f"arguments cannot be encoded for the MCP transport: {type(e).__name__}: {e}".encode(
+                "utf-8", "backslashreplace").decode("utf-8"),
+            kind=ToolErrorKind.INVALID_ARGUMENTS,
+        ) from None
+
+
+def _is_connection_error(e: BaseException) -> bool:
+    """True for failures that mean the session is gone (the server died, the socket dropped)."""
+    import anyio
+    import httpx2
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    if isinstance(e, MCPError):
+        return e.code == CONNECTION_CLOSED
+    return isinstance(
+        e, anyio.ClosedResourceError | anyio.BrokenResourceError | anyio.EndOfStream | OSError | httpx2.TransportError
+    )
+
+
+def _leaf_errors(e: BaseException) -> list[BaseException]:
+    """The leaf exceptions of (nested) exception groups, in order; ``[e]`` for a plain exception."""
+    if isinstance(e, BaseExceptionGroup):
+        return [leaf for sub in e.exceptions for leaf in _leaf_errors(sub)]
+    return [e]
+
+
+def describe_connect_error(e: BaseException) -> str:
+    """A one-line cause for a failed MCP connect: exception groups unwrapped (anyio task groups wrap the real
+    error), ``connection closed`` for a session the server closed, the transport's own text otherwise; no
+    exception-class prefixes for the common causes."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    parts: list[str] = []
+    for leaf in _leaf_errors(e):
+        text = str(leaf).strip()
+        if isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
+            text = "connection closed"
+        elif isinstance(leaf, TimeoutError | OSError | ConnectionError) or type(leaf).__module__.startswith("httpx"):
+            text = (text or type(leaf).__name__).rstrip(".")
+            text = text[:1].lower() + text[1:]
+        else:
+            text = f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts) or type(e).__name__
