@@ -132,3 +132,36 @@ def test_bad_mode_is_refused(backend):
         TransformersPolicy(model, tok, logprobs_mode="raw")
     with pytest.raises(ValueError, match="logprobs_mode"):
         OpenAIPolicy("http://127.0.0.1:1", logprobs_mode="logits")
+
+
+def test_the_server_default_and_a_bad_request_field(backend):
+    """``ModelServer(logprobs_mode=...)`` is the default of requests that set none; a bad value is a 400."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    model, tok, url, prompt = backend
+    raw_server = ModelServer(model, tok, served_model_name="raw", logprobs_mode="raw_logprobs")
+    raw_url = raw_server.start_in_thread()
+    try:
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": TEMPERATURE, "logprobs": 0, "ignore_eos": True,
+                "seed": 5}
+
+        def post(base: str, payload: dict) -> tuple[int, dict]:
+            req = urllib.request.Request(base + "/v1/completions", data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())
+
+        status, out = post(raw_url, body)
+        assert status == 200, out
+        [choice] = out["choices"]
+        ref = reference(model, prompt, choice["token_ids"], "raw_logprobs")
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(ref, abs=TOL)
+        status, err = post(url, {**body, "logprobs_mode": "logits"})
+        assert status == 400 and err["error"]["param"] == "logprobs_mode"
+    finally:
+        raw_server.stop_thread()

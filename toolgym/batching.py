@@ -2,9 +2,10 @@
 
 Used by the rollout driver (a local policy generates for every episode that is waiting), the BM25 retriever
 (concurrent queries become one ``batch_search``) and ``toolgym serve model`` (concurrent sequences share one
-KV-cache batch). Hand-written rather than taken from a library: the few asyncio batchers on PyPI either run on
-their own thread, drop exceptions, or cannot run the batched call serially (which a single local model needs);
-this one is ~100 lines of plain asyncio.
+KV-cache batch). Hand-written rather than taken from a library: the PyPI candidates are young, little-used
+releases (``async-batcher`` 0.2, ``aiobatch`` a dev release), and the three callers need exact semantics a
+dependency would have to match (batches run one at a time for a single local model, or overlapping for a server;
+an item released before its batch ends; per-item errors); this is ~150 lines of plain asyncio.
 
 Semantics:
 
