@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.rollout import Generation, GenerationRequest, RolloutDriver, _cut_at_stop, flatten_logprobs
+from toolgym.rollout import Generation, GenerationRequest, RolloutDriver
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
 
@@ -128,17 +128,14 @@ class TRLPolicy:
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())
-        out: list[Generation] = []
-        for i, r in enumerate(requests):
-            ids, stopped = _cut_at_stop(list(completion_ids[i]), r.stop_ids or eos)
-            lp = flatten_logprobs(logprobs[i]) if logprobs is not None else None
-            if lp is not None:
-                lp = lp[: len(ids)]
-            if len(ids) > r.max_new_tokens:
-                ids, stopped = ids[: r.max_new_tokens], False
-                lp = lp[: r.max_new_tokens] if lp is not None else None
-            out.append(Generation(ids, lp, "stop" if stopped else "length"))
-        return out
+        # TRL reads a NaN sampling logprob as "unavailable" (importance ratio 1): keep NaN, not 0.0
+        return [
+            Generation.from_sampled(
+                completion_ids[i], None if logprobs is None else logprobs[i], r.stop_ids or eos, r.max_new_tokens,
+                non_finite=float("nan"),
+            )
+            for i, r in enumerate(requests)
+        ]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from toolgym.batching import MicroBatcher
 from toolgym.tools.base import Tool, ToolError, ToolErrorKind
 
 __all__ = [
@@ -117,61 +118,35 @@ class Retriever(Protocol):
 
 
 # -- micro-batching -------------------------------------------------------------------------------------
-class _MicroBatcher:
-    """Collects single queries arriving within ``window_s`` (or until ``max_batch``) into one batch call.
+def _query_batcher(
+    fn: Callable[[list[str], int], Awaitable[list[list[Hit]]]], window_s: float, max_batch: int
+) -> MicroBatcher[tuple[str, int], list[Hit]]:
+    """A :class:`~toolgym.batching.MicroBatcher` of ``(query, k)``: single queries arriving within ``window_s`` (or
+    until ``max_batch``) become one batch, and ``fn(queries, k)`` is awaited once per distinct ``k`` in it. A
+    failing call fails each of its queries with a fresh copy of the error. Lives on one event loop."""
 
-    ``fn(queries, k) -> list[list[Hit]]`` is awaited once per distinct ``k`` in a batch. A failing batch fails
-    every query in it with a fresh copy of the error. Lives on one event loop.
-    """
+    async def run(items: list[tuple[str, int]]) -> list[list[Hit] | BaseException]:
+        groups: dict[int, list[int]] = {}
+        for i, (_, k) in enumerate(items):
+            groups.setdefault(k, []).append(i)
+        out: list[list[Hit] | BaseException] = [[] for _ in items]
 
-    def __init__(
-        self, fn: Callable[[list[str], int], Awaitable[list[list[Hit]]]], window_s: float, max_batch: int
-    ) -> None:
-        self.fn, self.window_s, self.max_batch = fn, window_s, max_batch
-        self._pending: list[tuple[str, int, asyncio.Future[list[Hit]]]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
+        async def one(k: int, idx: list[int]) -> None:
+            try:
+                results = await fn([items[i][0] for i in idx], k)
+                if len(results) != len(idx):
+                    raise ToolError(f"retriever returned {len(results)} result lists for {len(idx)} queries")
+            except Exception as e:
+                for i in idx:
+                    out[i] = ToolError(e.message, kind=e.kind, retryable=e.retryable) if isinstance(e, ToolError) else e
+                return
+            for i, r in zip(idx, results, strict=True):
+                out[i] = r
 
-    async def submit(self, query: str, k: int) -> list[Hit]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[list[Hit]] = loop.create_future()
-        self._pending.append((query, k, fut))
-        if len(self._pending) >= self.max_batch:
-            self._flush()
-        elif self._timer is None:
-            self._timer = loop.call_later(self.window_s, self._flush)
-        return await fut
+        await asyncio.gather(*(one(k, idx) for k, idx in groups.items()))
+        return out
 
-    def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        batch, self._pending = self._pending, []
-        groups: dict[int, list[tuple[str, asyncio.Future[list[Hit]]]]] = {}
-        for q, k, fut in batch:
-            if not fut.done():  # the caller may have been cancelled (timeout) meanwhile
-                groups.setdefault(k, []).append((q, fut))
-        for k, items in groups.items():
-            task = asyncio.get_running_loop().create_task(self._send(k, items))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _send(self, k: int, items: list[tuple[str, asyncio.Future[list[Hit]]]]) -> None:
-        self.batches += 1
-        try:
-            results = await self.fn([q for q, _ in items], k)
-            if len(results) != len(items):
-                raise ToolError(f"retriever returned {len(results)} result lists for {len(items)} queries")
-        except Exception as e:
-            for _, fut in items:
-                if not fut.done():
-                    err = ToolError(e.message, kind=e.kind, retryable=e.retryable) if isinstance(e, ToolError) else e
-                    fut.set_exception(err)
-            return
-        for (_, fut), r in zip(items, results, strict=True):
-            if not fut.done():
-                fut.set_result(r)
+    return MicroBatcher(run, max_batch=max_batch, max_wait_s=window_s, concurrent=True)
 
 
 class _PerLoop:
@@ -283,7 +258,7 @@ class BM25Retriever:
         self._bm25.index(tok, show_progress=False)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
         self._batch_window_s, self._max_batch = batch_window_s, max_batch
-        self._batchers = _PerLoop(lambda: _MicroBatcher(self._abatch_in_pool, batch_window_s, max_batch))
+        self._batchers = _PerLoop(lambda: _query_batcher(self._abatch_in_pool, batch_window_s, max_batch))
         if warm:
             self.batch_search([self.passages[0].title or self.passages[0].text[:40]], 1)
 
@@ -327,7 +302,7 @@ class BM25Retriever:
 
     async def asearch(self, query: str, k: int) -> list[Hit]:
         """One query; concurrent calls on a loop are micro-batched into one :meth:`batch_search`."""
-        return await self._batchers.get().submit(query, k)
+        return await self._batchers.get().submit((query, k))
 
     async def aclose(self) -> None:
         """Nothing to release per call site (the index may be shared); see :meth:`shutdown`."""
@@ -394,7 +369,7 @@ class RemoteRetriever:
         self.headers = dict(headers or {})
         self._rr = itertools.count()
         self._sessions = _PerLoop(self._new_session)
-        self._batchers = _PerLoop(lambda: _MicroBatcher(self.abatch_search, batch_window_s, max_batch))
+        self._batchers = _PerLoop(lambda: _query_batcher(self.abatch_search, batch_window_s, max_batch))
         self.requests = 0  #: POSTs sent (successful or not)
         self.queries = 0  #: queries sent
 
@@ -471,7 +446,7 @@ class RemoteRetriever:
 
     async def asearch(self, query: str, k: int) -> list[Hit]:
         """One query; concurrent calls on a loop share one POST (micro-batching)."""
-        return await self._batchers.get().submit(query, k)
+        return await self._batchers.get().submit((query, k))
 
     def batch_search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Sync :meth:`abatch_search` (runs on the toolgym runtime loop)."""

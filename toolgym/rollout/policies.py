@@ -1,0 +1,365 @@
+"""The provided policies: a local transformers model, an OpenAI-compatible server, and a scripted policy.
+
+* :class:`TransformersPolicy`: a Hugging Face causal LM, generating in a worker thread (so tool I/O keeps running);
+* :class:`OpenAIPolicy`: an OpenAI-compatible ``/v1/completions`` server that accepts token-id prompts and returns
+  token ids + logprobs (what ``vllm serve`` exposes; also ``toolgym serve model``);
+* :class:`ScriptedPolicy`: a function of the episode (task, turn, history) that writes the text of each turn,
+  e.g. an oracle that solves the task by calling the tools (for RFT/SFT warm starts and benchmarks).
+
+Every backend turns what it sampled into a :class:`~toolgym.rollout.types.Generation` with
+:meth:`Generation.from_sampled`, and reports logprobs in the same :data:`~toolgym.rollout.types.LogprobsMode`
+(default ``"processed_logprobs"``). torch and transformers are imported lazily, aiohttp inside
+:class:`OpenAIPolicy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from toolgym.rollout.padding import left_pad
+from toolgym.rollout.types import (
+    DEFAULT_LOGPROBS_MODE,
+    EpisodeState,
+    Generation,
+    GenerationRequest,
+    LogprobsMode,
+    check_logprobs_mode,
+)
+
+__all__ = ["OpenAIPolicy", "ScriptedPolicy", "TransformersPolicy"]
+
+
+class TransformersPolicy:
+    """A Hugging Face causal LM as a batched policy.
+
+    Generation runs in a worker thread (one batch at a time, ``concurrent = False``) so tool calls of other
+    episodes keep running on the event loop. Prompts are left-padded; each row is cut after its first stop id.
+
+    Args:
+        model: a ``PreTrainedModel`` (causal LM) on any device.
+        tokenizer: gives ``pad_token_id`` (else ``eos``); optional when the model config has a pad id.
+        temperature: sampling temperature; ``0`` (or ``do_sample=False``) = greedy.
+        top_p, top_k: nucleus / top-k sampling (``top_k=0`` disables it).
+        do_sample: sample (default when ``temperature > 0``) or decode greedily.
+        max_batch_size: split larger batches into chunks of this many rows (``None``: one call).
+        return_logprobs: report each sampled token's log-probability.
+        logprobs_mode: what those logprobs mean (vLLM's names, the same default in every toolgym backend):
+            ``"processed_logprobs"`` = under the distribution sampled from (temperature / top-k / top-p applied),
+            what TRL's importance-sampling correction compares against; ``"raw_logprobs"`` = the model's own
+            ``log_softmax(logits)``. See :mod:`toolgym.rollout.types`.
+        seed: reproducible sampling. Requests that come from a driver (with their episode) are sampled
+            **per episode**: each row draws from its own generator seeded with ``(seed, episode index, turn)``, so
+            an episode's tokens do not depend on which other episodes share its batch (``--num-envs``,
+            schedule); other requests seed torch's RNG before each call (``seed + call index``). ``None``: torch's
+            global RNG, untouched.
+    """
+
+    concurrent = False
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        do_sample: bool | None = None,
+        max_batch_size: int | None = None,
+        return_logprobs: bool = True,
+        seed: int | None = None,
+        logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.do_sample = (temperature > 0) if do_sample is None else do_sample
+        self.max_batch_size = max_batch_size
+        self.return_logprobs = return_logprobs
+        self.logprobs_mode: LogprobsMode = check_logprobs_mode(logprobs_mode)
+        self.seed = seed
+        self.calls = 0
+        self._lock = threading.Lock()
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        if pad is None:
+            pad = getattr(model.config, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else model.config.eos_token_id
+        if isinstance(pad, list):
+            pad = pad[0]
+        self.pad_token_id = int(pad if pad is not None else 0)
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if not requests:
+            return []
+        return await asyncio.to_thread(self.generate, requests)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Blocking :meth:`agenerate`."""
+        if not requests:
+            return []
+        with self._lock:
+            step = self.max_batch_size or len(requests)
+            out: list[Generation] = []
+            for k in range(0, len(requests), step):
+                out.extend(self._generate_batch(requests[k : k + step]))
+            return out
+
+    def _generate_batch(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        import torch
+        from transformers import GenerationConfig
+
+        self.calls += 1
+        device = next(self.model.parameters()).device
+        ids, attn = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        width = ids.shape[1]
+        raw = self.logprobs_mode == "raw_logprobs"
+        stop_ids = sorted({s for r in requests for s in r.stop_ids})
+        max_new = max(1, max(r.max_new_tokens for r in requests))
+        cfg: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "do_sample": self.do_sample,
+            "pad_token_id": self.pad_token_id,
+            "eos_token_id": stop_ids or None,
+            "return_dict_in_generate": True,
+            "output_scores": self.return_logprobs and not raw,
+            "output_logits": self.return_logprobs and raw,
+        }
+        sampler = None
+        if self.do_sample and self.seed is not None and all(r.episode is not None for r in requests):
+            # sample each row from its own seeded generator (inside a logits processor that also applies the
+            # temperature / top-k / top-p warpers, which generate() would otherwise run after it); generate()
+            # then "samples" the one token left
+            sampler = _PerEpisodeSampler(self, requests, device)
+            cfg.update(temperature=1.0, top_p=1.0, top_k=0)
+        elif self.do_sample:
+            cfg.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        gen_config = GenerationConfig(**cfg)
+        if self.seed is not None and sampler is None:
+            torch.manual_seed(self.seed + self.calls)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config,
+                    **({"logits_processor": [sampler]} if sampler is not None else {}),
+                )
+        finally:
+            if was_training:
+                self.model.train()
+        seqs = out.sequences[:, width:].cpu()
+        lps = None
+        steps = (out.logits if raw else out.scores) if self.return_logprobs else None
+        if sampler is not None and self.return_logprobs and sampler.logprobs:
+            lps = torch.stack(sampler.logprobs, dim=1).cpu()  # (B, T), in the policy's logprobs_mode
+        elif steps:
+            # scores: after generate's processors and warpers (processed); logits: the model's own (raw)
+            scores = torch.stack([s.float().cpu() for s in steps], dim=1)  # (B, T, V)
+            logp = torch.log_softmax(scores, dim=-1)
+            lps = logp.gather(-1, seqs[:, : scores.size(1)].unsqueeze(-1)).squeeze(-1)  # (B, T)
+        return [
+            Generation.from_sampled(
+                seqs[i].tolist(), None if lps is None else lps[i].tolist(), r.stop_ids or stop_ids, r.max_new_tokens
+            )
+            for i, r in enumerate(requests)
+        ]
+
+
+class _PerEpisodeSampler:
+    """A logits processor that samples row ``i`` with a generator seeded by ``(seed, episode index, turn)`` of its
+    request, after the policy's temperature / top-k / top-p, records the sampled token's log-probability (in the
+    policy's ``logprobs_mode``) and leaves only that token possible (so generate's own sampling step returns it)."""
+
+    def __init__(self, policy: TransformersPolicy, requests: Sequence[GenerationRequest], device: Any) -> None:
+        import torch
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers = []
+        if policy.temperature not in (None, 1.0):
+            warpers.append(TemperatureLogitsWarper(policy.temperature))
+        if policy.top_k:
+            warpers.append(TopKLogitsWarper(policy.top_k))
+        if policy.top_p is not None and policy.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(policy.top_p))
+        self.warpers = LogitsProcessorList(warpers)
+        self.raw = policy.logprobs_mode == "raw_logprobs"
+        self.generators = []
+        for r in requests:
+            assert r.episode is not None
+            state = np.random.SeedSequence([int(policy.seed or 0), int(r.episode.index), int(r.episode.turn)])
+            g = torch.Generator(device=device)
+            g.manual_seed(int(state.generate_state(1, dtype=np.uint64)[0] >> 1))
+            self.generators.append(g)
+        self.logprobs: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        warped = self.warpers(input_ids, scores.float())
+        logp = torch.log_softmax(warped, dim=-1)
+        probs = logp.exp()
+        chosen = torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(self.generators)])
+        reported = torch.log_softmax(scores.float(), dim=-1) if self.raw else logp
+        self.logprobs.append(reported.gather(-1, chosen[:, None])[:, 0])
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(-1, chosen[:, None], 0.0)
+        return out
+
+
+class OpenAIPolicy:
+    """An OpenAI-compatible ``/v1/completions`` endpoint as a policy (token ids in, token ids + logprobs out).
+
+    Sends one request per turn with ``prompt`` = the token ids (vLLM and ``toolgym serve model`` accept token-id
+    prompts), ``logprobs=1`` and vLLM's ``return_token_ids`` / ``return_tokens_as_token_ids`` / ``stop_token_ids``
+    extensions, so no text is ever re-tokenised. Requests overlap (``concurrent = True``): the server batches.
+
+    Args:
+        base_url: e.g. ``"http://127.0.0.1:8000"`` (``/v1`` is appended unless present).
+        model: the served model name (``None``: the first of ``GET /v1/models``).
+        temperature, top_p: sampling parameters.
+        api_key: sent as a bearer token when given.
+        max_concurrency: requests in flight at once.
+        timeout_s: per-request timeout.
+        extra_body: more request fields (vLLM sampling extensions, ...).
+        logprobs_mode: what the returned logprobs mean (see :mod:`toolgym.rollout.types`; the same default as
+            every toolgym backend). Sent as the request field ``logprobs_mode``, which ``toolgym serve model``
+            honours per request; vLLM fixes it per server: start it with ``--logprobs-mode`` set to the same value
+            (``trl vllm-serve`` does, with ``processed_logprobs``).
+    """
+
+    concurrent = True
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        api_key: str | None = None,
+        max_concurrency: int = 256,
+        timeout_s: float = 600.0,
+        extra_body: Mapping[str, Any] | None = None,
+        logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE,
+    ) -> None:
+        url = base_url.rstrip("/")
+        self.base_url = url if url.endswith("/v1") else url + "/v1"
+        self.model = model
+        self.temperature = temperature
+        self.top_p = top_p
+        self.api_key = api_key
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.extra_body = dict(extra_body or {})
+        self.logprobs_mode: LogprobsMode = check_logprobs_mode(logprobs_mode)
+        self.calls = 0
+        self._sem: dict[int, asyncio.Semaphore] = {}
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    async def _model_name(self, session: Any) -> str:
+        if self.model is None:
+            async with session.get(f"{self.base_url}/models", headers=self._headers()) as resp:
+                resp.raise_for_status()
+                data = await resp.json()
+            self.model = data["data"][0]["id"]
+        return self.model
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if not requests:
+            return []
+        import aiohttp
+
+        loop_id = id(asyncio.get_running_loop())
+        sem = self._sem.setdefault(loop_id, asyncio.Semaphore(self.max_concurrency))
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            model = await self._model_name(session)
+
+            async def one(r: GenerationRequest) -> Generation:
+                async with sem:
+                    return await self._complete(session, model, r)
+
+            return list(await asyncio.gather(*(one(r) for r in requests)))
+
+    async def _complete(self, session: Any, model: str, r: GenerationRequest) -> Generation:
+        self.calls += 1
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": list(r.prompt_ids),
+            "max_tokens": int(max(1, r.max_new_tokens)),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "logprobs": 1,
+            "stop_token_ids": list(r.stop_ids),
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "logprobs_mode": self.logprobs_mode,
+            **self.extra_body,
+        }
+        async with session.post(f"{self.base_url}/completions", json=body, headers=self._headers()) as resp:
+            if resp.status >= 400:
+                raise RuntimeError(f"completions request failed ({resp.status}): {(await resp.text())[:500]}")
+            data = await resp.json()
+        choice = data["choices"][0]
+        lp_block = choice.get("logprobs") or {}
+        ids = choice.get("token_ids")
+        if ids is None:
+            tokens = lp_block.get("tokens")
+            if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+                raise RuntimeError(
+                    "the server returned no token ids: it needs vLLM's `return_token_ids` or "
+                    "`return_tokens_as_token_ids` support (text is never re-tokenised)"
+                )
+            ids = [int(t.split(":", 1)[1]) for t in tokens]
+        logprobs = lp_block.get("token_logprobs")
+        if logprobs is not None and len(logprobs) != len(ids):
+            logprobs = None  # cannot be aligned with the ids
+        return Generation.from_sampled(
+            ids, logprobs, r.stop_ids, r.max_new_tokens, finish_reason=choice.get("finish_reason")
+        )
+
+
+class ScriptedPolicy:
+    """A policy that writes each turn's text with a function of the episode: oracles, baselines, benchmarks.
+
+    Args:
+        script: ``fn(state: EpisodeState) -> str``: the assistant text of turn ``state.turn`` (tool calls in the
+            model's native format, e.g. ``env.format.parser.format_calls(...)``; the answer in ``<answer>``).
+            It may return ``None`` to give an empty answer.
+        end_turn: append the env's end-of-turn token (as a model that stopped by itself would).
+
+    Encoding goes through ``env.encode_action`` (the env's own tokenizer), so the ids are what a model would
+    have sampled to write that text. Logprobs are ``0.0`` (the script is deterministic).
+    """
+
+    concurrent = True
+
+    def __init__(self, script: Callable[[EpisodeState], str | None], *, end_turn: bool = True) -> None:
+        self.script = script
+        self.end_turn = end_turn
+        self.calls = 0
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        self.calls += 1
+        out = []
+        for r in requests:
+            if r.episode is None or r.episode.env is None:
+                raise ValueError("ScriptedPolicy needs requests from a RolloutDriver (episode state with its env)")
+            text = self.script(r.episode) or ""
+            ids = [int(t) for t in r.episode.env.encode_action(text, end_turn=self.end_turn)]
+            out.append(Generation.from_sampled(ids, [0.0] * len(ids), (), r.max_new_tokens, finish_reason="stop"))
+        return out
+
+
