@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.data.jsonl import JSONLStream, check_writable
+from toolgym.jsonl import JSONLStream, check_writable
 from toolgym.errors import InputFileError
 from toolgym.trajectory import Trajectory
 
@@ -182,7 +182,7 @@ def _base_env(env: Any) -> Any:
 
 
 def _read_task_file(path: Path) -> list[dict[str, Any]]:
-    from toolgym.data.jsonl import read_jsonl
+    from toolgym.jsonl import read_jsonl
 
     try:
         rows = read_jsonl(path, error=TaskFileError)

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.data.jsonl import iter_jsonl
+from toolgym.jsonl import iter_jsonl
 
 __all__ = ["TrajectoryFileError", "build_data", "load_trajectory_rows", "render_html", "write_report"]
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.data.jsonl import iter_jsonl
+from toolgym.jsonl import iter_jsonl
 from toolgym.envs.base import ToolEnv
 from toolgym.errors import InputFileError
 from toolgym.rewards.base import Reward, RewardLike

@@ -1,15 +1,26 @@
-"""JSON Lines reading shared by task files, trajectory files, corpora and replay logs, and :class:`JSONLStream`,
-the streaming writer of ``toolgym eval`` / ``rollout`` output (rows as they finish, never emptying a file early)."""
+"""JSON Lines: the only JSONL code in toolgym (task files, trajectory files, corpora, caches, replay logs).
+
+* :func:`iter_jsonl` / :func:`read_jsonl` read a file line by line (streaming), naming ``path:line`` on a bad line;
+* :func:`write_jsonl` writes rows atomically (a temporary file renamed into place) or appends them;
+* :class:`JSONLStream` streams rows as they are produced (``toolgym eval`` / ``rollout`` output), never emptying an
+  existing file before the first new row exists;
+* :func:`check_writable` checks an output path before any work starts.
+
+Rows are encoded with :mod:`json` (the standard library); numpy values and objects with ``to_dict()`` are encoded
+as lists / numbers / their dict. Hand-written only in the file handling (atomic replace, one write per line): no
+JSONL library offers atomic replacement or a streaming writer that never truncates early.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JSONLStream", "check_writable", "iter_jsonl", "read_jsonl"]
+__all__ = ["JSONLStream", "check_writable", "iter_jsonl", "read_jsonl", "write_jsonl"]
 
 
 def iter_jsonl(
@@ -47,6 +58,57 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+def _line(row: Any, ensure_ascii: bool = True) -> bytes:
+    return (json.dumps(row, default=_json_default, ensure_ascii=ensure_ascii) + "\n").encode("utf-8")
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if not n:
+            raise OSError(f"cannot write to {path}")
+        view = view[n:]
+
+
+def write_jsonl(
+    path: str | os.PathLike[str], rows: Iterable[Any], *, append: bool = False, ensure_ascii: bool = True
+) -> Path:
+    """Write ``rows`` (JSON-encodable values, one per line) to ``path``; returns the path.
+
+    ``append=False``: the rows are streamed to a temporary file next to ``path``, which is flushed to disk and then
+    atomically replaces ``path``: a reader (or a crash) sees the old file or the whole new one, never a truncated
+    one, and a row that cannot be encoded leaves ``path`` as it was. ``append=True``: every row is encoded first,
+    then all of them are appended with one unbuffered write, so the existing lines are never touched and nothing is
+    written when a row cannot be encoded. Parent directories are created. ``ensure_ascii`` as in :func:`json.dumps`.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if append:
+        data = b"".join(_line(r, ensure_ascii) for r in rows)
+        if data:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            try:
+                _write_all(fd, data, p)
+            finally:
+                os.close(fd)
+        else:
+            p.touch()
+        return p
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            for r in rows:
+                fh.write(_line(r, ensure_ascii))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p
+
+
 class JSONLStream:
     """Writes JSONL rows one at a time as they are produced, without ever emptying an existing file early.
 
@@ -62,15 +124,10 @@ class JSONLStream:
         self.rows = 0
 
     def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = self.fh.write(view)
-            if not n:
-                raise OSError(f"cannot write to {self.path}")
-            view = view[n:]
+        _write_all(self.fh.fileno(), data, self.path)
 
     def write(self, row: Mapping[str, Any]) -> None:
-        data = (json.dumps(row, default=_json_default) + "\n").encode("utf-8")
+        data = _line(row)
         if self.fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
