@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.jsonl import JSONLStream, check_writable
 from toolgym.errors import InputFileError
+from toolgym.jsonl import JSONLStream, check_writable
 from toolgym.trajectory import Trajectory
 
 __all__ = [
