@@ -10,16 +10,7 @@ pytest.importorskip("trl", reason="the demo needs the [train] extra")
 import toolgym  # noqa: F401
 from toolgym.models import load_model, load_tokenizer, tiny_random_model
 from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
-from trainers.demo import _tasks
 from trainers.sft import collect, oracle_policy
-
-
-def test_eval_and_train_tasks_are_disjoint_and_distinct():
-    test = _tasks("test", 100, 10_000)
-    train = _tasks("train", 256, 2) + _tasks("train", 32, 1)
-    assert len({t["id"] for t in test}) == 100
-    assert not {t["id"] for t in test} & {t["id"] for t in train}
-    assert _tasks("test", 100, 10_000) == test  # reproducible
 
 
 def test_compact_prompt_is_short_and_the_oracle_still_solves_it():

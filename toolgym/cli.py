@@ -160,8 +160,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
     check_report_to(args)
-    from toolgym.data.jsonl import JSONLStream, check_writable
     from toolgym.eval import make_eval_vector_env
+    from toolgym.jsonl import JSONLStream, check_writable
 
     try:
         check_writable(out)  # the file itself is replaced only once the first episode has finished

@@ -11,10 +11,11 @@ episodes finish, and return an :class:`EvalReport`:
 * ``task_ids`` and ``per_task_success`` (aligned lists) for paired before/after comparisons
   (:func:`paired_difference_ci`).
 
-Task selection (:func:`select_tasks`): ``"all"`` = the whole finite split; ``N`` = N distinct tasks chosen
-reproducibly from the seed (a seeded permutation of a finite split, or distinct generated tasks drawn from a seeded
-generator on a procedural split such as Calculator-v0's, where ``"all"`` is an error); a ``.jsonl`` path = those
-rows. Task ids (``row["id"]``, else a hash of the row) must be unique: a task is never run twice per sample.
+Task selection (:func:`toolgym.tasks.select_tasks`, re-exported here): ``"all"`` = the whole finite split; ``N`` =
+N distinct tasks chosen reproducibly from the seed (a seeded permutation of a finite split, or distinct tasks drawn
+from a seeded generator on a procedural split such as Calculator-v0's, where ``"all"`` is an error); a ``.jsonl``
+path = those rows. Task ids (``row["id"]``, else a hash of the row) must be unique: a task is never run twice per
+sample. Trainers draw their tasks the same way (:func:`toolgym.tasks.draw_tasks`).
 
 Streaming output (``out=``): the file is **not touched until the first episode has finished**. That episode is
 written to a temporary file in the same directory, which then atomically replaces ``out``; every later episode is
@@ -27,21 +28,26 @@ This module never imports ``trainers/``, TRL or training code.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from toolgym.data.jsonl import JSONLStream, check_writable
-from toolgym.errors import InputFileError
+from toolgym.jsonl import JSONLStream, check_writable
+from toolgym.tasks import (
+    TaskFileError,
+    TaskSelectionError,
+    _base_env,
+    _check_unique,
+    import_env_id,
+    select_tasks,
+    task_id,
+)
 from toolgym.trajectory import Trajectory
 
 __all__ = [
@@ -61,14 +67,6 @@ __all__ = [
     "task_id",
     "wilson_interval",
 ]
-
-
-class TaskSelectionError(ValueError):
-    """The requested tasks cannot be selected (``all`` on an infinite split, more tasks than the split has...)."""
-
-
-class TaskFileError(TaskSelectionError, InputFileError):
-    """A task file is missing, unreadable, malformed, empty, or has duplicate task ids."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -161,140 +159,6 @@ def paired_difference_ci(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Task selection
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def task_id(row: Mapping[str, Any]) -> str:
-    """A task's id: ``row["id"]``, else a stable hash of the row's JSON (``task-<12 hex>``)."""
-    if row.get("id") is not None:
-        return str(row["id"])
-    blob = json.dumps(row, sort_keys=True, default=str).encode()
-    return "task-" + hashlib.sha256(blob).hexdigest()[:12]
-
-
-def _base_env(env: Any) -> Any:
-    """The ToolEnv behind ``env`` (a ToolEnv, a wrapped env, or a vector env's first sub-env)."""
-    envs = getattr(env, "envs", None)
-    if envs:
-        env = envs[0]
-    return getattr(env, "unwrapped", env)
-
-
-def _read_task_file(path: Path) -> list[dict[str, Any]]:
-    from toolgym.data.jsonl import read_jsonl
-
-    try:
-        rows = read_jsonl(path, error=TaskFileError)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        raise TaskFileError(f"cannot read task file {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise TaskFileError(f"{path}: not a UTF-8 JSONL task file") from None
-    if not rows:
-        raise TaskFileError(f"{path}: no tasks")
-    return rows
-
-
-def _check_unique(rows: Sequence[Mapping[str, Any]], where: str, error: type[Exception] = TaskSelectionError) -> None:
-    seen: dict[str, int] = {}
-    for i, r in enumerate(rows):
-        tid = task_id(r)
-        if tid in seen:
-            raise error(f"{where}: task id {tid!r} appears twice (rows {seen[tid] + 1} and {i + 1}); "
-                                     "each task must be run exactly once")
-        seen[tid] = i
-
-
-def select_tasks(
-    env: Any,
-    *,
-    tasks: str | int | os.PathLike[str] = "all",
-    seed: int = 0,
-    split: str | None = None,
-    env_kwargs: Mapping[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """The task rows to evaluate, each exactly once.
-
-    Args:
-        env: a ToolEnv (or wrapped env), a vector env, or an env id (then built with ``split`` + ``env_kwargs``).
-        tasks: ``"all"`` (the whole finite split), ``N`` (an int or a digit string: N distinct tasks chosen
-            reproducibly from ``seed``), or a ``.jsonl`` path (those rows, in file order).
-        seed: the selection seed (a seeded permutation of a finite split; a seeded task generator otherwise).
-        split: with an env id: the split to build; with an env instance: checked against ``env.split``.
-
-    Raises:
-        TaskSelectionError: ``all`` on an infinite (generated) split, N larger than the split, a generator that
-            cannot produce N distinct tasks, a missing/malformed task file, duplicate task ids.
-    """
-    if isinstance(tasks, os.PathLike) or (isinstance(tasks, str) and tasks.endswith(".jsonl")):
-        rows = _read_task_file(Path(tasks))
-        _check_unique(rows, str(tasks), TaskFileError)
-        return [dict(r) for r in rows]
-    if isinstance(tasks, str) and tasks != "all":
-        if not tasks.strip().isdigit():
-            raise TaskSelectionError(f"tasks must be 'all', a positive number or a .jsonl file, got {tasks!r}")
-        tasks = int(tasks)
-    if isinstance(tasks, int) and tasks < 1:
-        raise TaskSelectionError(f"the number of tasks must be >= 1, got {tasks}")
-
-    owned = None
-    if isinstance(env, str):
-        import gymnasium as gym
-
-        import toolgym  # noqa: F401  (registers the envs)
-
-        kw = dict(env_kwargs or {})
-        if split is not None:
-            kw["split"] = split
-        owned = gym.make(import_env_id(env), disable_env_checker=True, **kw)
-        env = owned
-    try:
-        base = _base_env(env)
-        env_split = getattr(base, "split", None)
-        if split is not None and env_split is not None and env_split != split:
-            raise TaskSelectionError(f"the env is on split {env_split!r}, not {split!r}")
-        source = base.tasks
-        name = f"{getattr(getattr(base, 'spec', None), 'id', type(base).__name__)} split {env_split!r}"
-        if callable(source):
-            if tasks == "all":
-                raise TaskSelectionError(
-                    f"{name} generates its tasks from seeds (an infinite split): 'all' is undefined; "
-                    "pass a number of tasks (--tasks N) or a task file"
-                )
-            return _draw_distinct(source, int(tasks), seed, name)
-        rows = [dict(r) for r in source]
-        _check_unique(rows, name)
-        if tasks == "all":
-            return rows
-        if int(tasks) > len(rows):
-            raise TaskSelectionError(f"{name} has {len(rows)} tasks; cannot select {tasks} distinct ones "
-                                     "(use --tasks all)")
-        order = np.random.default_rng(seed).permutation(len(rows))[: int(tasks)]
-        return [rows[int(i)] for i in order]
-    finally:
-        if owned is not None:
-            owned.close()
-
-
-def _draw_distinct(gen: Any, n: int, seed: int, name: str) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    tries = 0
-    limit = 50 * n + 1000
-    while len(out) < n and tries < limit:
-        tries += 1
-        row = dict(gen(rng))
-        tid = task_id(row)
-        if tid not in seen:
-            seen.add(tid)
-            out.append(row)
-    if len(out) < n:
-        raise TaskSelectionError(f"{name}: only {len(out)} distinct tasks in {tries} draws; cannot select {n}")
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Policies and envs
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -319,17 +183,6 @@ def oracle_policy(env: Any = None) -> Any:
         return fn(state)
 
     return ScriptedPolicy(script)
-
-
-def import_env_id(env_id: str) -> str:
-    """``"module:Env-v0"`` -> imports ``module`` (which registers its envs, as ``gym.make`` does) and returns
-    ``"Env-v0"``; any other id is returned unchanged. ``ImportError`` when the module is missing."""
-    if ":" in env_id:
-        import importlib
-
-        mod, _, env_id = env_id.partition(":")
-        importlib.import_module(mod)
-    return env_id
 
 
 def make_eval_vector_env(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> Any:

@@ -107,10 +107,12 @@ def load_training_log(source: str | Path | Sequence[Mapping[str, Any]] | Mapping
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
+            from toolgym.jsonl import iter_jsonl
+
             try:
-                data = [json.loads(line) for line in text.splitlines() if line.strip()]
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{source}: neither JSON nor JSONL ({e.msg} at line {e.lineno})") from None
+                data = [row for _, row in iter_jsonl(source, objects=False)]
+            except ValueError as e:  # "<path>:<line>: not valid JSON (...)"
+                raise ValueError(f"neither JSON nor JSONL: {e}") from None
     if isinstance(data, Mapping):
         if "log_history" in data:
             data = data["log_history"]

@@ -3,17 +3,57 @@
 ``completion_ids`` = action_1 + obs_1 + action_2 + obs_2 + ... and ``loss_mask`` has the same length: 1 on
 tokens the policy sampled, 0 on tokens the env wrote (tool responses, next-turn headers, an end-of-turn
 token closing a turn cut by its budget).
+
+This module also owns the trajectory file format: one :meth:`Trajectory.to_dict` per JSONL line, written by
+:func:`write_trajectories` (atomically, through :mod:`toolgym.jsonl`) and read back, validated, by
+:func:`read_trajectories`; :meth:`Trajectory.from_dict` rebuilds the object from a row. A row needs
+``completion_ids``, ``loss_mask`` and ``turns``; every other key is optional (rows of older versions, or hand-made
+ones, lack some) and keys toolgym does not know (``"eval"`` of ``toolgym eval`` rows, a trainer's own) are kept
+in the rows and ignored by :meth:`Trajectory.from_dict`. A key that is present must have the right type, and
+``loss_mask`` / ``logprobs`` must be as long as ``completion_ids``; a bad row is a :class:`TrajectoryFormatError`
+naming the field (``turns[1].results[0].error_kind: ...``), and in a file a :class:`TrajectoryFileError` that also
+names ``path:line``.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from toolgym.tools.base import ToolCall, ToolResult
+import numpy as np
 
-__all__ = ["Trajectory", "Turn", "extract_answer"]
+from toolgym.errors import InputFileError
+from toolgym.jsonl import iter_jsonl, write_jsonl
+from toolgym.tools.base import ToolCall, ToolErrorKind, ToolResult
+
+__all__ = [
+    "REQUIRED_KEYS",
+    "Trajectory",
+    "TrajectoryFileError",
+    "TrajectoryFormatError",
+    "Turn",
+    "check_trajectory_row",
+    "extract_answer",
+    "read_trajectories",
+    "summarize",
+    "write_trajectories",
+]
+
+#: Keys every trajectory row must have (the rest is optional, see the module docstring).
+REQUIRED_KEYS = ("completion_ids", "loss_mask", "turns")
+
+
+class TrajectoryFormatError(ValueError):
+    """A trajectory row that is not a valid :meth:`Trajectory.to_dict`; the message names the field."""
+
+
+class TrajectoryFileError(TrajectoryFormatError, InputFileError):
+    """A trajectory file with a line that is not JSON, not an object, or not a valid trajectory row; the message
+    names ``path:line`` (and the field). A missing file is ``FileNotFoundError``."""
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -73,6 +113,13 @@ class Turn:
             "reward": self.reward,
             "reward_components": self.reward_components,
         }
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any], position: int = 0) -> Turn:
+        """The turn of a :meth:`to_dict` row (validated; missing optional keys take their defaults, ``index``
+        defaults to ``position``). Raises :class:`TrajectoryFormatError` naming the field."""
+        _check_turn(row, "turn")
+        return _turn(row, position)
 
 
 @dataclass
@@ -159,3 +206,254 @@ class Trajectory:
             "drift": self.drift,
             "messages": self.messages,
         }
+
+    @classmethod
+    def from_dict(cls, row: Mapping[str, Any]) -> Trajectory:
+        """The trajectory of a :meth:`to_dict` row (e.g. one line of a trajectory file).
+
+        The row is validated first (:func:`check_trajectory_row`); optional keys it lacks take their defaults,
+        derived keys (``reward``, ``turn_rewards``) and unknown keys are ignored. Round trip:
+        ``Trajectory.from_dict(t.to_dict()) == t``.
+
+        Raises:
+            TrajectoryFormatError: a missing required key or a field of the wrong type or length (named).
+        """
+        check_trajectory_row(row)
+        lp = row.get("logprobs")
+        return cls(
+            prompt_ids=list(row.get("prompt_ids") or []),
+            completion_ids=list(row["completion_ids"]),
+            loss_mask=list(row["loss_mask"]),
+            logprobs=None if lp is None else [float(x) for x in lp],
+            turns=[_turn(t, i) for i, t in enumerate(row["turns"])],
+            messages=[dict(m) for m in row.get("messages") or []],
+            task=dict(row.get("task") or {}),
+            outcome_reward=float(row.get("outcome_reward", 0.0)),
+            reward_components=dict(row.get("reward_components") or {}),
+            terminated=bool(row.get("terminated", False)),
+            truncated=bool(row.get("truncated", False)),
+            drift=dict(row.get("drift") or {}),
+        )
+
+    def clip(self, max_tokens: int | None) -> Trajectory:
+        """Cut ``completion_ids`` / ``loss_mask`` / ``logprobs`` to ``max_tokens`` (``None``: no limit). The tail
+        cut off is env tokens or a cut turn; rewards stay those computed on the whole episode. Returns ``self``
+        (mutated)."""
+        if max_tokens is not None and len(self.completion_ids) > max_tokens:
+            self.completion_ids = self.completion_ids[:max_tokens]
+            self.loss_mask = self.loss_mask[:max_tokens]
+            if self.logprobs is not None:
+                self.logprobs = self.logprobs[:max_tokens]
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Validation of rows
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _bad(where: str, msg: str) -> TrajectoryFormatError:
+    return TrajectoryFormatError(f"{where}: {msg}")
+
+
+def _kind(x: Any) -> str:
+    return "null" if x is None else type(x).__name__
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _check_type(row: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str, what: str) -> None:
+    if key in row and not isinstance(row[key], types):
+        raise _bad(f"{where}{key}", f"expected {what}, got {_kind(row[key])}")
+
+
+def _check_ints(value: Any, where: str, *, allowed: frozenset[int] | None = None) -> None:
+    if not isinstance(value, list):
+        raise _bad(where, f"expected a list of ints, got {_kind(value)}")
+    for i, x in enumerate(value):
+        if type(x) is not int or (allowed is not None and x not in allowed):
+            want = "0 or 1" if allowed is not None else "an int"
+            raise _bad(f"{where}[{i}]", f"expected {want}, got {x!r}")
+
+
+def _check_span(value: Any, where: str) -> None:
+    if not (isinstance(value, list) and len(value) == 2 and all(type(x) is int for x in value)):
+        raise _bad(where, f"expected [start, end] ints, got {value!r}")
+
+
+def _check_call(call: Any, where: str) -> None:
+    if not isinstance(call, Mapping):
+        raise _bad(where, f"expected an object, got {_kind(call)}")
+    for key in ("name", "raw", "id"):
+        _check_type(call, key, str, f"{where}.", "a string")
+    _check_type(call, "arguments", Mapping, f"{where}.", "an object")
+    _check_type(call, "parse_error", (str, type(None)), f"{where}.", "a string or null")
+
+
+def _check_result(res: Any, where: str) -> None:
+    if not isinstance(res, Mapping):
+        raise _bad(where, f"expected an object, got {_kind(res)}")
+    if "call" in res:
+        _check_call(res["call"], f"{where}.call")
+    _check_type(res, "content", str, f"{where}.", "a string")
+    kind = res.get("error_kind")
+    if kind is not None and kind not in ToolErrorKind._value2member_map_:
+        raise _bad(f"{where}.error_kind", f"{kind!r} is not one of {[k.value for k in ToolErrorKind]} or null")
+    if "latency_s" in res and not _is_num(res["latency_s"]):
+        raise _bad(f"{where}.latency_s", f"expected a number, got {_kind(res['latency_s'])}")
+    if "attempts" in res and type(res["attempts"]) is not int:
+        raise _bad(f"{where}.attempts", f"expected an int, got {_kind(res['attempts'])}")
+    _check_type(res, "cached", bool, f"{where}.", "a boolean")
+
+
+def _check_turn(turn: Any, where: str) -> None:
+    if not isinstance(turn, Mapping):
+        raise _bad(where, f"expected an object, got {_kind(turn)}")
+    if "index" in turn and type(turn["index"]) is not int:
+        raise _bad(f"{where}.index", f"expected an int, got {_kind(turn['index'])}")
+    for key in ("action_span", "obs_span"):
+        if key in turn:
+            _check_span(turn[key], f"{where}.{key}")
+    for key in ("text", "content", "reasoning"):
+        _check_type(turn, key, str, f"{where}.", "a string")
+    for key, check in (("calls", _check_call), ("results", _check_result)):
+        items = turn.get(key, [])
+        if not isinstance(items, list):
+            raise _bad(f"{where}.{key}", f"expected a list, got {_kind(items)}")
+        for i, item in enumerate(items):
+            check(item, f"{where}.{key}[{i}]")
+    _check_type(turn, "cut", bool, f"{where}.", "a boolean")
+    if "reward" in turn and not _is_num(turn["reward"]):
+        raise _bad(f"{where}.reward", f"expected a number, got {_kind(turn['reward'])}")
+    _check_type(turn, "reward_components", Mapping, f"{where}.", "an object")
+
+
+def check_trajectory_row(row: Any) -> None:
+    """Raise :class:`TrajectoryFormatError` unless ``row`` is a valid trajectory row (see the module docstring):
+    an object with ``completion_ids`` (ints), ``loss_mask`` (0/1, as long as ``completion_ids``) and ``turns``
+    (objects); optional keys, when present, of the right type (``logprobs`` null or numbers as long as
+    ``completion_ids``). The message names the first bad field. Unknown keys are allowed."""
+    if not isinstance(row, Mapping):
+        raise TrajectoryFormatError(f"expected a trajectory object, got {_kind(row)}")
+    missing = [k for k in REQUIRED_KEYS if k not in row]
+    if missing:
+        raise TrajectoryFormatError(f"not a trajectory row: missing {', '.join(missing)} "
+                                    "(expected one Trajectory.to_dict() per line)")
+    _check_ints(row["completion_ids"], "completion_ids")
+    _check_ints(row["loss_mask"], "loss_mask", allowed=frozenset((0, 1)))
+    n = len(row["completion_ids"])
+    if len(row["loss_mask"]) != n:
+        raise _bad("loss_mask", f"{len(row['loss_mask'])} values, but completion_ids has {n}")
+    if "prompt_ids" in row:
+        _check_ints(row["prompt_ids"], "prompt_ids")
+    lp = row.get("logprobs")
+    if lp is not None:
+        if not isinstance(lp, list) or not all(_is_num(x) for x in lp):
+            raise _bad("logprobs", "expected null or a list of numbers")
+        if len(lp) != n:
+            raise _bad("logprobs", f"{len(lp)} values, but completion_ids has {n}")
+    if not isinstance(row["turns"], list):
+        raise _bad("turns", f"expected a list, got {_kind(row['turns'])}")
+    for i, t in enumerate(row["turns"]):
+        _check_turn(t, f"turns[{i}]")
+    for key in ("task", "reward_components", "drift"):
+        _check_type(row, key, Mapping, "", "an object")
+    for key in ("outcome_reward", "reward"):
+        if key in row and not _is_num(row[key]):
+            raise _bad(key, f"expected a number, got {_kind(row[key])}")
+    for key in ("terminated", "truncated"):
+        _check_type(row, key, bool, "", "a boolean")
+    msgs = row.get("messages", [])
+    if not isinstance(msgs, list):
+        raise _bad("messages", f"expected a list, got {_kind(msgs)}")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, Mapping):
+            raise _bad(f"messages[{i}]", f"expected an object, got {_kind(m)}")
+
+
+def _call(d: Mapping[str, Any]) -> ToolCall:
+    return ToolCall(name=d.get("name", ""), arguments=dict(d.get("arguments") or {}), raw=d.get("raw", ""),
+                    id=d.get("id", ""), parse_error=d.get("parse_error"))
+
+
+def _result(d: Mapping[str, Any]) -> ToolResult:
+    kind = d.get("error_kind")
+    return ToolResult(call=_call(d.get("call") or {}), content=d.get("content", ""),
+                      error_kind=ToolErrorKind(kind) if kind is not None else None,
+                      latency_s=float(d.get("latency_s", 0.0)), attempts=int(d.get("attempts", 0)),
+                      cached=bool(d.get("cached", False)))
+
+
+def _turn(d: Mapping[str, Any], position: int) -> Turn:
+    a0, a1 = d.get("action_span", [0, 0])
+    o0, o1 = d.get("obs_span", [0, 0])
+    return Turn(index=d.get("index", position), action_start=a0, action_end=a1, obs_start=o0, obs_end=o1,
+                text=d.get("text", ""), content=d.get("content", ""), reasoning=d.get("reasoning", ""),
+                calls=[_call(c) for c in d.get("calls", [])], results=[_result(r) for r in d.get("results", [])],
+                cut=d.get("cut", False), reward=float(d.get("reward", 0.0)),
+                reward_components=dict(d.get("reward_components") or {}))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trajectory files and summaries
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def write_trajectories(
+    path: str | os.PathLike[str], trajectories: Iterable[Trajectory | Mapping[str, Any]], *, append: bool = False
+) -> Path:
+    """Write trajectories as JSONL, one :meth:`Trajectory.to_dict` (or a row dict, written as given) per line;
+    returns the path.
+
+    ``append=False`` replaces ``path`` atomically (the rows go to a temporary file that is renamed into place:
+    an existing file is never emptied or half-written); ``append=True`` adds the rows at the end with one write,
+    leaving the existing lines untouched. See :func:`toolgym.jsonl.write_jsonl`.
+    """
+    rows = (t.to_dict() if isinstance(t, Trajectory) else t for t in trajectories)
+    return write_jsonl(path, rows, append=append)
+
+
+def read_trajectories(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a trajectory JSONL file (one :meth:`Trajectory.to_dict` per line, blank lines skipped), each
+    validated with :func:`check_trajectory_row`; rows are returned as dicts, unknown keys kept (use
+    :meth:`Trajectory.from_dict` for objects). The one reader of trajectory files (viewer, plots, trainers).
+
+    Raises:
+        FileNotFoundError / PermissionError / IsADirectoryError: the file cannot be opened.
+        TrajectoryFileError: a line is not JSON, not an object, or not a valid trajectory row; the message is
+            ``path:line: field: what is wrong``.
+    """
+    p = Path(path)
+    rows: list[dict[str, Any]] = []
+    for lineno, row in iter_jsonl(p, error=TrajectoryFileError):
+        try:
+            check_trajectory_row(row)
+        except TrajectoryFormatError as e:
+            raise TrajectoryFileError(f"{p}:{lineno}: {e}") from None
+        rows.append(row)
+    return rows
+
+
+def summarize(trajectories: Sequence[Trajectory], *, success_threshold: float = 1.0) -> dict[str, Any]:
+    """Aggregate metrics: mean reward, success rate (``outcome_reward >= success_threshold``), tool-call rate
+    (fraction of episodes with at least one call), calls per episode, error counts by kind, mean turns, and the
+    fraction of episodes that ended truncated."""
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0}
+    errors: dict[str, int] = {}
+    for t in trajectories:
+        for k in t.error_kinds:
+            errors[k] = errors.get(k, 0) + 1
+    return {
+        "episodes": n,
+        "reward": float(np.mean([t.reward for t in trajectories])),
+        "success": float(np.mean([t.outcome_reward >= success_threshold for t in trajectories])),
+        "tool_call_rate": float(np.mean([t.num_tool_calls > 0 for t in trajectories])),
+        "calls_per_episode": float(np.mean([t.num_tool_calls for t in trajectories])),
+        "errors": errors,
+        "turns": float(np.mean([len(t.turns) for t in trajectories])),
+        "truncated": float(np.mean([t.truncated for t in trajectories])),
+    }

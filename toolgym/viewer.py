@@ -36,37 +36,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.data.jsonl import iter_jsonl
+from toolgym.trajectory import TrajectoryFileError, read_trajectories
 
 __all__ = ["TrajectoryFileError", "build_data", "load_trajectory_rows", "render_html", "write_report"]
 
-#: Keys every trajectory row must have (the rest is optional and shown when present).
-REQUIRED_KEYS = ("completion_ids", "loss_mask", "turns")
-
-
-class TrajectoryFileError(ValueError):
-    """A trajectory file that cannot be read or is not ``Trajectory.to_dict()`` JSONL (message says where)."""
-
 
 def load_trajectory_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Read a trajectory JSONL file (one ``Trajectory.to_dict()`` per line; blank lines are skipped).
+    """Read a trajectory JSONL file for the viewer: :func:`toolgym.trajectory.read_trajectories` (every row
+    validated, extra keys kept, rows of older versions lacking optional keys accepted; blank lines skipped).
 
     Raises:
         FileNotFoundError / PermissionError / IsADirectoryError: the file cannot be opened.
-        TrajectoryFileError: a line is not JSON, not an object, or lacks ``completion_ids`` / ``loss_mask`` /
-            ``turns`` (the message gives the line number).
+        TrajectoryFileError: a line is not JSON, not an object, lacks ``completion_ids`` / ``loss_mask`` /
+            ``turns``, or has a field of the wrong type or length (the message gives the line and the field).
     """
-    p = Path(path)
-    rows: list[dict[str, Any]] = []
-    for lineno, row in iter_jsonl(p, error=TrajectoryFileError):
-        missing = [k for k in REQUIRED_KEYS if k not in row]
-        if missing:
-            raise TrajectoryFileError(
-                f"{p}:{lineno}: not a trajectory row (missing {', '.join(missing)}); "
-                "expected one Trajectory.to_dict() per line"
-            )
-        rows.append(row)
-    return rows
+    return read_trajectories(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

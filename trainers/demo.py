@@ -96,21 +96,6 @@ def _load(path: str | None) -> DemoConfig:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _tasks(split: str, n: int, seed: int, exclude: set[str] = frozenset()) -> list[dict[str, Any]]:  # type: ignore[assignment]
-    """``n`` distinct tasks of ``split`` drawn reproducibly from ``seed`` (none whose id is in ``exclude``)."""
-    import numpy as np
-
-    from toolgym.envs.calculator import generate_task
-
-    rng = np.random.default_rng(seed)
-    rows: dict[str, dict[str, Any]] = {}
-    while len(rows) < n:
-        t = generate_task(rng, split)
-        if t["id"] not in exclude:
-            rows.setdefault(t["id"], t)
-    return list(rows.values())
-
-
 def prompt_kwargs(compact: bool) -> dict[str, Any]:
     """The env kwargs that fix the prompt (same for warm start, GRPO and evaluation)."""
     if not compact:
@@ -142,7 +127,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     import toolgym  # noqa: F401
     from toolgym.models import load_model
-    from toolgym.rollout import RolloutDriver, TransformersPolicy, summarize, write_trajectories
+    from toolgym.rollout import RolloutDriver, TransformersPolicy
+    from toolgym.tasks import draw_tasks
+    from toolgym.trajectory import summarize, write_trajectories
     from trainers.compact import save_checkpoint
     from trainers.grpo import ToolgymGRPOArgs, build_trainer
     from trainers.sft import collect, masked_sft, oracle_policy
@@ -158,7 +145,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     print("[demo] loading the embedded model (SmolLM2-135M-Instruct) ...", flush=True)
     model, tok = load_model()
     pk = prompt_kwargs(cfg.compact_prompt)
-    eval_tasks = _tasks("test", cfg.eval_tasks, cfg.eval_seed)
+    eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs={"tokenizer": tok})
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
     venv = gym.make_vec(ENV_ID, num_envs=len(eval_tasks), autoreset_mode=AutoresetMode.DISABLED,
                         split="test", tokenizer=tok, **pk)
@@ -190,7 +177,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     # -- warm start: a few masked-SFT steps on oracle episodes ----------------------------------------------------
     t0 = time.perf_counter()
-    ws_tasks = _tasks("train", cfg.warmstart_episodes, cfg.seed + 1)
+    ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=cfg.seed + 1, split="train",
+                          env_kwargs={"tokenizer": tok})
     kept, alltr = collect(ENV_ID, oracle_policy(ENV_ID), ws_tasks, seeds=cfg.seed, num_envs=16,
                           max_turn_tokens=cfg.max_turn_tokens, env_kwargs={"split": "train", "tokenizer": tok, **pk},
                           trajectory_path=out / "trajectories" / "warmstart_oracle.jsonl")
@@ -245,7 +233,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     )
     tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
                          trajectory_dir=str(out / "trajectories" / "grpo"))
-    grpo_tasks = _tasks("train", cfg.grpo_tasks, cfg.seed + 2)
+    grpo_tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=cfg.seed + 2, split="train", env_kwargs={"tokenizer": tok})
     print(f"[demo] GRPO: {cfg.grpo_steps} steps x {cfg.grpo_prompts_per_step} train tasks x "
           f"{cfg.grpo_num_generations} samples (temperature {cfg.grpo_temperature:g}, lr {cfg.grpo_lr:g}, "
           f"beta {cfg.grpo_beta:g}) through trainers.rollout_func.ToolgymRollout", flush=True)

@@ -36,7 +36,8 @@ class ToolgymGRPOArgs:
         dtype: weights dtype (``float32``, ``bfloat16``).
         env_id: toolgym env id.
         env_kwargs: forwarded to the env (e.g. ``{"split": "train"}``, a retriever URL, ``template_kwargs``).
-        num_train_tasks: tasks drawn from the env (seeds ``task_seed ... task_seed + n - 1``) for the dataset.
+        num_train_tasks: distinct tasks drawn from the env for the dataset (:func:`env_tasks`; all of a
+            dataset-backed split when it has fewer).
         task_seed: first seed for drawing tasks.
         max_turn_tokens: tokens sampled per assistant turn.
         trajectory_dir: where the adapter appends trajectories (``None``: not saved).
@@ -75,26 +76,12 @@ def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
 
 
 def env_tasks(env_id: str, n: int, *, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None) -> list[dict]:
-    """``n`` task rows: the first ``n`` of a dataset-backed env, else drawn by the env itself
-    (``reset(seed=seed + k)``); de-duplicated by ``id``."""
-    import gymnasium as gym
+    """``n`` distinct task rows of ``env_id`` built with ``env_kwargs``: :func:`toolgym.tasks.draw_tasks` (a seeded
+    permutation of a dataset-backed split, all of it when it has fewer; distinct draws of a generated split's
+    seeded task generator)."""
+    from toolgym.tasks import draw_tasks
 
-    import toolgym  # noqa: F401
-
-    env = gym.make(env_id, **dict(env_kwargs or {}))
-    try:
-        rows: dict[str, dict] = {}
-        listed = getattr(env.unwrapped, "tasks", None)
-        if listed is not None and not callable(listed):  # a dataset-backed env: take its rows in order
-            for t in list(listed)[:n]:
-                rows.setdefault(str(t["id"]), dict(t))
-            return list(rows.values())
-        for k in range(n):
-            _, info = env.reset(seed=seed + k)
-            rows.setdefault(str(info["task"]["id"]), dict(info["task"]))
-        return list(rows.values())
-    finally:
-        env.close()
+    return draw_tasks(env_id, n, seed=seed, env_kwargs=env_kwargs)
 
 
 def build_trainer(

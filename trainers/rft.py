@@ -49,7 +49,7 @@ class RFTConfig:
     output_dir: str = _f("runs/rft", "where the model, rft_log.json and trajectories are written")
     split: str = _f("train", "split the training tasks are drawn from (never the eval split)")
     tasks: int = _f(64, "number of distinct training tasks per round")
-    task_seed: int = _f(1, "seed drawing the training tasks (env reset seeds task_seed ...)")
+    task_seed: int = _f(1, "seed drawing the training tasks (toolgym.tasks.draw_tasks)")
     k: int = _f(4, "samples per task per round")
     temperature: float = _f(1.0, "sampling temperature (> 0)")
     threshold: float = _f(1.0, "keep samples whose episode reward is >= this")
@@ -63,7 +63,7 @@ class RFTConfig:
     num_envs: int = _f(64, "episodes sampled in parallel")
     eval_split: str = _f("test", "held-out split for per-round evaluation")
     eval_tasks: int = _f(0, "held-out tasks evaluated (greedy) after each round; 0 = no evaluation")
-    eval_seed: int = _f(10_000, "seed of the held-out tasks (same tasks and seeds every round)")
+    eval_seed: int = _f(10_000, "seed drawing the held-out tasks, and their first env seed (same every round)")
     seed: int = _f(0, "seed of sampling and SFT batch order")
     threads: int = _f(0, "torch CPU threads (0: torch's default)")
     save: bool = _f(True, "save the final model (Hugging Face format) to output_dir")
@@ -82,14 +82,6 @@ def select_samples(trajectories: Sequence[Any], threshold: float, *, best_per_ta
             best[key] = t
     chosen = {id(t) for t in best.values()}
     return [t for t in kept if id(t) in chosen]
-
-
-def _draw_tasks(env_id: str, split: str, n: int, seed: int, env_kwargs: Mapping[str, Any]) -> list[dict[str, Any]]:
-    from trainers.grpo import env_tasks
-
-    kwargs = dict(env_kwargs)
-    kwargs.setdefault("split", split)
-    return env_tasks(env_id, n, seed=seed, env_kwargs=kwargs)
 
 
 def rft_round(
@@ -154,7 +146,9 @@ def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
     import torch
 
     from toolgym.models import load_model
-    from toolgym.rollout import RolloutDriver, TransformersPolicy, summarize, write_trajectories
+    from toolgym.rollout import RolloutDriver, TransformersPolicy
+    from toolgym.tasks import draw_tasks
+    from toolgym.trajectory import summarize, write_trajectories
 
     if cfg.split == cfg.eval_split and cfg.eval_tasks > 0:
         raise ValueError(f"RFT trains on split {cfg.split!r} and evaluates on it: use a held-out eval_split")
@@ -165,15 +159,19 @@ def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
         model, tokenizer = load_model(cfg.model)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_tasks = _draw_tasks(cfg.env_id, cfg.split, cfg.tasks, cfg.task_seed, cfg.env_kwargs)
-    eval_tasks = (_draw_tasks(cfg.env_id, cfg.eval_split, cfg.eval_tasks, cfg.eval_seed, cfg.env_kwargs)
+    env_kwargs = {"split": cfg.split, **cfg.env_kwargs}
+    eval_kwargs = {"tokenizer": tokenizer, "split": cfg.eval_split, **cfg.env_kwargs}
+    # the tasks come from the very envs the episodes run in (the env kwargs' split wins, as for the episodes)
+    train_tasks = draw_tasks(cfg.env_id, cfg.tasks, seed=cfg.task_seed, env_kwargs={"tokenizer": tokenizer,
+                                                                                     **env_kwargs})
+    eval_tasks = (draw_tasks(cfg.env_id, cfg.eval_tasks, seed=cfg.eval_seed, env_kwargs=eval_kwargs)
                   if cfg.eval_tasks > 0 else [])
 
     def evaluate() -> dict[str, Any]:
         driver = RolloutDriver(cfg.env_id, TransformersPolicy(model, tokenizer, do_sample=False,
                                                               return_logprobs=False),
                                max_turn_tokens=cfg.max_turn_tokens, num_envs=min(cfg.num_envs, len(eval_tasks)),
-                               env_kwargs={"tokenizer": tokenizer, "split": cfg.eval_split, **cfg.env_kwargs})
+                               env_kwargs=eval_kwargs)
         s = summarize(driver.run(eval_tasks, seeds=list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))))
         return {"success": s["success"], "tool_call_rate": s["tool_call_rate"], "n_tasks": s["episodes"]}
 
@@ -181,7 +179,6 @@ def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
     if eval_tasks:
         result["eval_before"] = evaluate()
         log(f"[rft] held-out before: success {result['eval_before']['success']:.1%}")
-    env_kwargs = {"split": cfg.split, **cfg.env_kwargs}
     for r in range(cfg.rounds):
         kept, sampled, stats = rft_round(
             model, tokenizer, cfg.env_id, train_tasks, k=cfg.k, threshold=cfg.threshold,

@@ -25,7 +25,6 @@ licensed CC-BY 4.0, https://www.geonames.org) and cached as JSONL on first use i
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -37,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.data.jsonl import read_jsonl
+from toolgym.jsonl import read_jsonl, write_jsonl
 
 __all__ = [
     "CONTINENTS",
@@ -464,18 +463,6 @@ def build_questions(retriever: Any | None = None) -> list[dict[str, Any]]:
 
 
 # -- cache + public API ---------------------------------------------------------------------------------
-def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return read_jsonl(path)
-
-
 _MEM: dict[str, list[dict[str, Any]]] = {}
 
 
@@ -493,14 +480,14 @@ def geo_corpus(size: str = "default") -> list[dict[str, str]]:
         return _MEM[key]
     path = _geo_dir() / f"{key}.jsonl"
     if path.exists():
-        rows = _read_jsonl(path)
+        rows = read_jsonl(path)
     else:
         if size == "100k":
             base = geo_corpus("default")
             rows = base + build_synthetic(100_000 - len(base))
         else:
             rows = build_corpus()
-        _write_jsonl(path, rows)
+        write_jsonl(path, rows, ensure_ascii=False)
     _MEM[key] = rows
     return rows
 
@@ -515,10 +502,10 @@ def geo_questions() -> list[dict[str, Any]]:
         return _MEM["questions"]
     path = _geo_dir() / "questions.jsonl"
     if path.exists():
-        rows = _read_jsonl(path)
+        rows = read_jsonl(path)
     else:
         rows = build_questions()
-        _write_jsonl(path, rows)
+        write_jsonl(path, rows, ensure_ascii=False)
     _MEM["questions"] = rows
     return rows
 

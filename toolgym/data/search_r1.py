@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolgym.data.jsonl import iter_jsonl
+from toolgym.jsonl import iter_jsonl
 from toolgym.tools.search import Passage
 
 __all__ = ["load_corpus", "load_qa", "normalize_qa_row"]
@@ -49,10 +49,6 @@ def _read_parquet(path: Path) -> list[dict[str, Any]]:
         ds = datasets.Dataset.from_parquet(str(path))
         return [dict(r) for r in ds]
     return pq.read_table(path).to_pylist()
-
-
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    return iter_jsonl(path, objects=False)
 
 
 def normalize_qa_row(row: Mapping[str, Any], index: int, source: str = "") -> dict[str, Any]:
@@ -93,7 +89,7 @@ def load_qa(path: str | os.PathLike[str], *, limit: int | None = None) -> list[d
     if suffix == ".parquet":
         rows = _read_parquet(p)
     elif suffix == ".jsonl":
-        rows = [r for _, r in _iter_jsonl(p)]
+        rows = [r for _, r in iter_jsonl(p, objects=False)]
     elif suffix == ".json":
         rows = json.loads(p.read_text(encoding="utf-8"))
         if isinstance(rows, Mapping):
@@ -112,7 +108,7 @@ def load_corpus(path: str | os.PathLike[str], *, limit: int | None = None) -> li
     if not p.exists():
         raise FileNotFoundError(f"corpus file not found: {p}")
     out: list[Passage] = []
-    for n, row in _iter_jsonl(p):
+    for n, row in iter_jsonl(p, objects=False):
         if limit is not None and len(out) >= limit:
             break
         try:

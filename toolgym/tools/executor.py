@@ -10,7 +10,6 @@ returns exactly one :class:`ToolResult`; no exception escapes :meth:`ToolExecuto
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from toolgym.data.jsonl import iter_jsonl
+from toolgym.jsonl import iter_jsonl, write_jsonl
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult, canonical_arguments, error_text
 
 __all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor", "safe_text"]
@@ -89,9 +88,7 @@ class ToolCache:
         with self._lock:
             self._data[key] = content
             if self.path is not None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                with self.path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"tool": key[0], "arguments": key[1], "content": content}) + "\n")
+                write_jsonl(self.path, [{"tool": key[0], "arguments": key[1], "content": content}], append=True)
 
     def __len__(self) -> int:
         return len(self._data)

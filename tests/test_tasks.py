@@ -1,0 +1,101 @@
+"""Task drawing (toolgym/tasks.py): one function for the demo, GRPO, RFT and DPO, the same order as ``toolgym eval``'s
+selection, and the demo's held-out tasks unchanged (its documented numbers were measured on them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import toolgym  # noqa: F401
+from tests import eval_env
+from toolgym.envs.calculator import generate_task
+from toolgym.models import load_tokenizer
+from toolgym.tasks import TaskSelectionError, draw_tasks, select_tasks, task_id
+
+ROOT = Path(__file__).resolve().parent.parent
+CALC = "toolgym/Calculator-v0"
+ECHO = "tests.eval_env:EvalEcho-v0"
+
+
+def _old_demo_tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    """trainers/demo.py's ``_tasks`` before the drawing was shared (kept here as the reference, verbatim)."""
+    rng = np.random.default_rng(seed)
+    rows: dict[str, dict[str, Any]] = {}
+    while len(rows) < n:
+        t = generate_task(rng, split)
+        rows.setdefault(t["id"], t)
+    return list(rows.values())
+
+
+@pytest.fixture(scope="module")
+def kw() -> dict[str, Any]:
+    return {"tokenizer": load_tokenizer()}
+
+
+def test_the_demo_draws_exactly_the_tasks_it_always_drew(kw: dict[str, Any]) -> None:
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "trainers" / "configs" / "demo_cpu.yaml").read_text())
+    draws = [("test", cfg["eval_tasks"], cfg["eval_seed"]),  # held-out evaluation
+             ("train", cfg["warmstart_episodes"], cfg["seed"] + 1),  # warm start
+             ("train", cfg["grpo_tasks"], cfg["seed"] + 2)]  # GRPO
+    got = {}
+    for split, n, seed in draws:
+        got[split, seed] = draw_tasks(CALC, n, seed=seed, split=split, env_kwargs=kw)
+        assert got[split, seed] == _old_demo_tasks(split, n, seed)  # same rows, same order
+        assert len({t["id"] for t in got[split, seed]}) == n
+    held_out = {t["id"] for t in got["test", cfg["eval_seed"]]}
+    assert not held_out & {t["id"] for (split, _), rows in got.items() if split == "train" for t in rows}
+    # the same tasks as `toolgym eval --tasks 100 --seed 10000 --split test`
+    assert select_tasks(CALC, tasks=cfg["eval_tasks"], seed=cfg["eval_seed"], split="test", env_kwargs=kw) == \
+        got["test", cfg["eval_seed"]]
+
+
+def test_generated_split_distinct_in_seeded_order_with_exclude(kw: dict[str, Any]) -> None:
+    a = draw_tasks(CALC, 20, seed=5, split="train", env_kwargs=kw)
+    assert [t["id"] for t in a] == [t["id"] for t in draw_tasks(CALC, 20, seed=5, split="train", env_kwargs=kw)]
+    assert a[:5] == draw_tasks(CALC, 5, seed=5, split="train", env_kwargs=kw)  # a prefix: n only cuts
+    assert {t["id"] for t in a}.isdisjoint(t["id"] for t in draw_tasks(CALC, 20, seed=6, split="train",
+                                                                     env_kwargs=kw))
+    skip = {a[0]["id"], a[3]["id"]}
+    b = draw_tasks(CALC, 20, seed=5, split="train", env_kwargs=kw, exclude=skip)
+    assert len(b) == 20 and not skip & {t["id"] for t in b}
+    assert [t for t in a if t["id"] not in skip] == b[:18]  # the rest keep their order
+    assert draw_tasks(CALC, 0, seed=5, split="train", env_kwargs=kw) == []
+    with pytest.raises(TaskSelectionError, match=">= 0"):
+        draw_tasks(CALC, -1, env_kwargs=kw)
+
+
+def test_finite_split_is_a_seeded_permutation_and_never_more_than_the_split(kw: dict[str, Any]) -> None:
+    n = eval_env.N_TASKS
+    five = draw_tasks(ECHO, 5, seed=3, split="test", env_kwargs=kw)
+    assert five == select_tasks(ECHO, tasks=5, seed=3, split="test", env_kwargs=kw)  # one order for eval and training
+    every = draw_tasks(ECHO, 10 * n, seed=3, split="test", env_kwargs=kw)  # more than there are: all, permuted
+    assert len(every) == n and every[:5] == five
+    assert sorted(map(task_id, every)) == sorted(map(task_id, select_tasks(ECHO, tasks="all", split="test",
+                                                                           env_kwargs=kw)))
+    rest = draw_tasks(ECHO, n, seed=3, split="test", env_kwargs=kw, exclude=[task_id(t) for t in five])
+    assert len(rest) == n - 5 and rest == every[5:]
+
+
+def test_an_env_instance_and_its_split_are_checked(kw: dict[str, Any]) -> None:
+    import gymnasium as gym
+
+    env = gym.make(CALC, split="test", **kw)
+    try:
+        assert draw_tasks(env, 4, seed=1) == draw_tasks(CALC, 4, seed=1, split="test", env_kwargs=kw)
+        with pytest.raises(TaskSelectionError, match="on split 'test', not 'train'"):
+            draw_tasks(env, 4, split="train")
+    finally:
+        env.close()
+
+
+def test_the_trainers_draw_through_it(kw: dict[str, Any]) -> None:
+    pytest.importorskip("trl", reason="the trainers need the [train] extra")
+    from trainers.grpo import env_tasks
+
+    assert env_tasks(CALC, 8, seed=2, env_kwargs={"split": "train", **kw}) == \
+        draw_tasks(CALC, 8, seed=2, split="train", env_kwargs=kw)
