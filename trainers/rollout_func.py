@@ -279,11 +279,8 @@ class ToolgymRollout:
         ctx = self._context_limit(trainer)
         for t in trajs:
             driver.clip(t)
-            if ctx is not None and len(t.prompt_ids) + len(t.completion_ids) > ctx:
-                keep = max(0, ctx - len(t.prompt_ids))
-                t.completion_ids, t.loss_mask = t.completion_ids[:keep], t.loss_mask[:keep]
-                if t.logprobs is not None:
-                    t.logprobs = t.logprobs[:keep]
+            if ctx is not None:
+                t.clip(max(0, ctx - len(t.prompt_ids)))
         self.last_trajectories = trajs
         self.last_stats = driver.stats
         if self.trajectory_dir is not None:

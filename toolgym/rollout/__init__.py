@@ -4,15 +4,16 @@
   :class:`Generation` with the one post-processing path :meth:`Generation.from_sampled`, the logprob meaning
   :data:`LogprobsMode`);
 * :mod:`toolgym.rollout.policies`: :class:`TransformersPolicy`, :class:`OpenAIPolicy`, :class:`ScriptedPolicy`;
-* :mod:`toolgym.rollout.driver`: :class:`RolloutDriver` (lock-step and continuous schedules), :func:`summarize`;
-* :mod:`toolgym.rollout.io`: trajectory JSONL files;
+* :mod:`toolgym.rollout.driver`: :class:`RolloutDriver` (lock-step and continuous schedules);
 * :mod:`toolgym.rollout.padding`: :func:`left_pad`, shared with ``toolgym serve model``.
+
+``read_trajectories``, ``write_trajectories`` and ``summarize`` are :mod:`toolgym.trajectory`'s (the one place that
+owns trajectory files), re-exported here for existing imports.
 
 This package never imports ``trainers/``, TRL or vLLM; torch and transformers are imported lazily.
 """
 
-from toolgym.rollout.driver import RolloutDriver, Schedule, attach_logprobs, summarize
-from toolgym.rollout.io import read_trajectories, write_trajectories
+from toolgym.rollout.driver import RolloutDriver, Schedule, attach_logprobs
 from toolgym.rollout.padding import left_pad
 from toolgym.rollout.policies import OpenAIPolicy, ScriptedPolicy, TransformersPolicy
 from toolgym.rollout.types import (
@@ -26,6 +27,7 @@ from toolgym.rollout.types import (
     RolloutStats,
     flatten_logprobs,
 )
+from toolgym.trajectory import read_trajectories, summarize, write_trajectories
 
 __all__ = [
     "DEFAULT_LOGPROBS_MODE",

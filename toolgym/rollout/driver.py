@@ -29,11 +29,11 @@ import numpy as np
 
 from toolgym import runtime
 from toolgym.batching import MicroBatcher
-from toolgym.rollout.io import write_trajectories
+from toolgym.trajectory import write_trajectories
 from toolgym.rollout.types import EpisodeState, Generation, GenerationRequest, Policy, RolloutStats
 from toolgym.trajectory import Trajectory
 
-__all__ = ["RolloutDriver", "Schedule", "attach_logprobs", "summarize"]
+__all__ = ["RolloutDriver", "Schedule", "attach_logprobs"]
 
 Schedule = Literal["lockstep", "continuous"]
 
@@ -353,36 +353,5 @@ class RolloutDriver:
 
     # -- helpers for trainers ---------------------------------------------------------------------
     def clip(self, traj: Trajectory) -> Trajectory:
-        """Cut ``completion_ids`` / ``loss_mask`` / ``logprobs`` to ``max_completion_tokens`` (the tail is env
-        tokens or a cut turn; rewards were computed on the whole episode). Returns ``traj`` (mutated)."""
-        m = self.max_completion_tokens
-        if m is not None and len(traj.completion_ids) > m:
-            traj.completion_ids = traj.completion_ids[:m]
-            traj.loss_mask = traj.loss_mask[:m]
-            if traj.logprobs is not None:
-                traj.logprobs = traj.logprobs[:m]
-        return traj
-
-
-
-def summarize(trajectories: Sequence[Trajectory], *, success_threshold: float = 1.0) -> dict[str, Any]:
-    """Aggregate metrics: mean reward, success rate (``outcome_reward >= success_threshold``), tool-call rate
-    (fraction of episodes with at least one call), calls per episode, error counts by kind, mean turns, and the
-    fraction of episodes that ended truncated."""
-    n = len(trajectories)
-    if n == 0:
-        return {"episodes": 0}
-    errors: dict[str, int] = {}
-    for t in trajectories:
-        for k in t.error_kinds:
-            errors[k] = errors.get(k, 0) + 1
-    return {
-        "episodes": n,
-        "reward": float(np.mean([t.reward for t in trajectories])),
-        "success": float(np.mean([t.outcome_reward >= success_threshold for t in trajectories])),
-        "tool_call_rate": float(np.mean([t.num_tool_calls > 0 for t in trajectories])),
-        "calls_per_episode": float(np.mean([t.num_tool_calls for t in trajectories])),
-        "errors": errors,
-        "turns": float(np.mean([len(t.turns) for t in trajectories])),
-        "truncated": float(np.mean([t.truncated for t in trajectories])),
-    }
+        """:meth:`Trajectory.clip` to ``max_completion_tokens``. Returns ``traj`` (mutated)."""
+        return traj.clip(self.max_completion_tokens)
