@@ -29,9 +29,8 @@ import numpy as np
 
 from toolgym import runtime
 from toolgym.batching import MicroBatcher
-from toolgym.trajectory import write_trajectories
 from toolgym.rollout.types import EpisodeState, Generation, GenerationRequest, Policy, RolloutStats
-from toolgym.trajectory import Trajectory
+from toolgym.trajectory import Trajectory, write_trajectories
 
 __all__ = ["RolloutDriver", "Schedule", "attach_logprobs"]
 
