@@ -63,16 +63,11 @@ METHODS = ("sft", "rft", "dpo", "grpo", "grpo_dr")
 
 
 def _tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
-    import numpy as np
+    """``n`` distinct tasks of ``split`` from ``seed`` (:func:`toolgym.tasks.draw_tasks`, as the demo draws)."""
+    from toolgym.models import load_tokenizer
+    from toolgym.tasks import draw_tasks
 
-    from toolgym.envs.calculator import generate_task
-
-    rng = np.random.default_rng(seed)
-    rows: dict[str, dict[str, Any]] = {}
-    while len(rows) < n:
-        t = generate_task(rng, split)
-        rows.setdefault(t["id"], t)
-    return list(rows.values())
+    return draw_tasks(ENV, n, seed=seed, split=split, env_kwargs={"tokenizer": load_tokenizer()})
 
 
 class TaskStream:
