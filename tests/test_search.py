@@ -322,14 +322,14 @@ async def test_search_reward_scores_unanswered_and_partial_answers():
     rew = SearchReward("f1", format_weight=0.5)
     task = {"golden_answers": ["New Zealand Dollar", "NZD"]}
     partial = Trajectory(prompt_ids=[1], turns=[Turn(0, 0, 1, text="<answer>Dollar</answer>", content="<answer>Dollar</answer>")])
-    v = await rew.outcome(partial, task)
-    assert rew.components()["em"] == 0.0 and 0.0 < rew.components()["f1"] < 1.0
-    assert v == pytest.approx(rew.components()["f1"] + 0.5)
+    v, comps = await rew.outcome(partial, task)
+    assert comps["em"] == 0.0 and 0.0 < comps["f1"] < 1.0
+    assert v == pytest.approx(comps["f1"] + 0.5)
     unanswered = Trajectory(prompt_ids=[1], turns=[Turn(0, 0, 1, text="x", content="NZD", calls=[ToolCall("search", {"query": "q"})])])
-    assert await rew.outcome(unanswered, task) == 0.0
+    assert (await rew.outcome(unanswered, task)).value == 0.0
     em = SearchReward()
     right = Trajectory(prompt_ids=[1], turns=[Turn(0, 0, 1, text="<answer>the nzd.</answer>", content="<answer>the nzd.</answer>")])
-    assert await em.outcome(right, task) == 1.0
+    assert (await em.outcome(right, task)).value == 1.0
     with pytest.raises(ValueError):
         SearchReward("bleu")
 

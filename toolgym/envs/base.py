@@ -21,7 +21,7 @@ from gymnasium import spaces
 from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
-from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
+from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.tools.base import Seconds, Tool
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
@@ -258,9 +258,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
         reward = 0.0
         if self.reward is not None and self.reward.per_turn:
-            turn.reward, turn.reward_components = await runtime.run_async(
-                turn_with_components(self.reward, turn, traj, self.task)
-            )
+            score = await runtime.run_async(turn_score(self.reward, turn, traj, self.task))
+            turn.reward, turn.reward_components = score.value, dict(score.components)
             reward += turn.reward
         done = terminated or truncated
         info: dict[str, Any] = {
@@ -279,9 +278,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             self._done = True
             traj.terminated, traj.truncated = terminated, truncated
             if self.reward is not None:
-                traj.outcome_reward, traj.reward_components = await runtime.run_async(
-                    outcome_with_components(self.reward, traj, self.task)
-                )
+                score = await runtime.run_async(outcome_score(self.reward, traj, self.task))
+                traj.outcome_reward, traj.reward_components = score.value, dict(score.components)
                 reward += traj.outcome_reward
             if len(conv) > DRIFT_OFF_LOOP_TOKENS:
                 traj.drift = await asyncio.to_thread(conv.check_drift)
