@@ -72,6 +72,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             short one does. A result whose first ``max_obs_chars`` characters make fewer than ``max_obs_tokens``
             tokens (tokens longer than 32 characters on average) is shown shorter than ``max_obs_tokens``.
         executor: a shared executor (vector envs pass one); else one is built from ``tools`` + ``executor_kwargs``.
+        owns_executor: whether :meth:`close` closes the executor's tools (``None``: only when the env built it).
+            A caller that shares an env's own executor takes it over with :meth:`share_executor`.
         template_kwargs: extra chat-template variables (e.g. ``{"enable_thinking": False}``).
         eot_token: the end-of-turn token text (``None``: guessed from the vocabulary).
 
@@ -98,6 +100,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         max_obs_chars: int | None = None,
         executor: ToolExecutor | None = None,
         executor_kwargs: Mapping[str, Any] | None = None,
+        owns_executor: bool | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         eot_token: str | None = None,
         render_mode: str | None = None,
@@ -119,7 +122,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         self.tasks = tasks
         self.tokenizer = tokenizer
         self.format = ChatFormat(tokenizer, chat_template, parser, eot_token, dict(template_kwargs or {}))
-        self._owns_executor = executor is None
+        self.owns_executor = executor is None if owns_executor is None else bool(owns_executor)
         self.executor = executor if executor is not None else ToolExecutor(tools, **dict(executor_kwargs or {}))
         self.reward: Reward | None = as_reward(reward)
         self.system_prompt = system_prompt
@@ -355,9 +358,16 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self.conversation
         return self.format.decode(c.prompt_ids + c.completion_ids)
 
+    def share_executor(self) -> ToolExecutor:
+        """Hand this env's executor over to a caller that shares it with other envs (e.g.
+        :class:`~toolgym.vector.ToolVectorEnv`): the env keeps using it, but :meth:`close` no longer closes it; the
+        caller does. Returns the executor (pass it as ``executor=`` to the other envs)."""
+        self.owns_executor = False
+        return self.executor
+
     def close(self) -> None:
         """Close the tools of an executor this env owns (shared executors are closed by their vector env)."""
-        if self._owns_executor and self.executor is not None and self.executor.tools:
+        if self.owns_executor and self.executor is not None and self.executor.tools:
             try:
                 runtime.run_sync(self.executor.aclose())
             except Exception:  # noqa: BLE001
