@@ -14,13 +14,14 @@ import pytest
 
 import toolgym  # noqa: F401 - registers the envs
 from toolgym.data import geo
+from toolgym.data.geo import default_retriever
 from toolgym.data.search_r1 import load_corpus, load_qa
 from toolgym.envs.search import SearchEnv, SearchReward, load_tasks
 from toolgym.format.parsers import get_parser
 from toolgym.rewards.rules import normalize_answer
 from toolgym.tools.base import ToolCall, ToolErrorKind
 from toolgym.tools.executor import ToolExecutor
-from toolgym.tools.search import BM25Retriever, Hit, Passage, SearchTool, default_retriever, format_docs
+from toolgym.tools.search import BM25Retriever, Hit, Passage, SearchTool, format_docs
 from toolgym.trajectory import Trajectory, Turn
 
 HERMES = get_parser("hermes")

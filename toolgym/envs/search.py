@@ -28,7 +28,7 @@ from typing import Any
 from toolgym.envs.base import ToolEnv
 from toolgym.rewards.base import Reward, Score
 from toolgym.rewards.rules import answer_format, exact_match, f1_score, normalize_answer
-from toolgym.tools.search import BM25Retriever, RemoteRetriever, SearchTool, default_retriever
+from toolgym.tools.search import BM25Retriever, RemoteRetriever, SearchTool
 from toolgym.trajectory import Trajectory, Turn, extract_answer
 
 __all__ = ["SYSTEM_PROMPT", "SearchEnv", "SearchReward", "load_tasks", "read_relation"]
@@ -187,6 +187,8 @@ def load_tasks(
 
 
 def _local_index(corpus: str | os.PathLike[str], backend: str, limit: int | None) -> BM25Retriever:
+    from toolgym.data.geo import default_retriever
+
     if isinstance(corpus, str) and corpus in ("geo", "default"):
         return default_retriever("default", backend)
     if isinstance(corpus, str) and corpus in ("geo-100k", "100k"):
