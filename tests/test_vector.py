@@ -12,6 +12,7 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import toolgym
+from toolgym import runtime
 from toolgym.envs.base import ToolEnv
 from toolgym.format.parsers import get_parser
 from toolgym.tools.function import FunctionTool, tool
@@ -218,10 +219,12 @@ def test_a_wrapper_in_env_fn_applies_to_reset_and_step_concurrently(wrapper):
     assert CALLS["n"] == n and CALLS["max_running"] == n, CALLS  # the wrapped steps overlap, none blocks the loop
     assert elapsed < n * 0.05 / 2, elapsed
     assert AsyncBonus.asteps == (n if wrapper is AsyncBonus else 0)
-    # the final step: outcome reward 1 (right answer) + the wrapper's 10
-    _, rew, te, _, infos = envs.step([e[i].encode_action(f"<answer>{i}</answer>") for i in range(n)])
-    assert te.all() and rew.tolist() == [11.0] * n
-    assert [t.outcome_reward for t in infos["trajectory"]] == [1.0] * n
+    # the final step: outcome reward 1 (right answer) + the wrapper's 10; sub-env 0 alone, as a per-episode driver does
+    _, r0, te0, _, info0 = runtime.run_sync(envs.astep_env(0, e[0].encode_action("<answer>0</answer>")))
+    assert te0 and r0 == 11.0 and info0["bonus"] == 10.0
+    _, rew, te, _, infos = envs.step([None] + [e[i].encode_action(f"<answer>{i}</answer>") for i in range(1, n)])
+    assert te[1:].all() and rew[1:].tolist() == [11.0] * (n - 1)
+    assert [t.outcome_reward for t in infos["trajectory"][1:]] == [1.0] * (n - 1)
     envs.close()
 
 

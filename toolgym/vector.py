@@ -184,7 +184,7 @@ class ToolVectorEnv(VectorEnv):
                 if not self._active[i]:
                     raise RuntimeError(f"sub-env {i} has no running episode: reset it (reset_mask) or pass None")
                 todo.append(i)
-        results = await asyncio.gather(*(self._step_one(i, actions[i]) for i in todo), return_exceptions=True)
+        results = await asyncio.gather(*(self.astep_env(i, actions[i]) for i in todo), return_exceptions=True)
         # ToolEnv.astep answers its own faults; anything still raised ends only that sub-env's episode (truncated,
         # infos["error"]), never the step of the others
         results = [
@@ -210,13 +210,17 @@ class ToolVectorEnv(VectorEnv):
         infos["stepped"] = stepped
         return tuple(obs), rewards, terms, truncs, infos
 
-    def _step_one(self, i: int, action: Any) -> Awaitable[Any]:
-        """Sub-env ``i``'s step through its wrappers: a coroutine on the runtime loop, or the wrapper chain's sync
-        ``step`` in a worker thread (see the module docstring)."""
+    async def astep_env(self, i: int, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Step sub-env ``i`` alone, through its wrappers (for per-episode scheduling: one coroutine per episode).
+
+        Returns that sub-env's ``(obs, reward, terminated, truncated, info)``. Runs its ``astep`` coroutine on the
+        runtime loop, or a sync-only wrapper chain's ``step`` in a worker thread (see the module docstring). Does
+        not touch the vector env's autoreset or ``active`` bookkeeping.
+        """
         stepper = self._steppers[i]
         if stepper is not None:
-            return runtime.run_async(stepper(action))
-        return asyncio.get_running_loop().run_in_executor(self._wrapper_pool, self.envs[i].step, action)
+            return await runtime.run_async(stepper(action))
+        return await asyncio.get_running_loop().run_in_executor(self._wrapper_pool, self.envs[i].step, action)
 
     def _merge_infos(self, infos: dict[str, Any], pairs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         """Gymnasium's ``VectorEnv._add_info`` applied to many ``(sub-env index, info)`` pairs at once: the same
