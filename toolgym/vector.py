@@ -81,10 +81,14 @@ class ToolVectorEnv(VectorEnv):
             first = env_fn(executor=executor, **env_kwargs)
         self.executor: ToolExecutor = executor
         self.envs: list[ToolEnv] = [first] + [env_fn(executor=executor, **env_kwargs) for _ in range(num_envs - 1)]
-        for i, env in enumerate(self.envs):
-            if _tool_env(env).executor is not executor:
-                raise ValueError(f"sub-env {i} does not use the executor passed to env_fn as executor=: the sub-envs "
-                                 "must share one (pass **kwargs on to ToolEnv)")
+        stray = next((i for i, env in enumerate(self.envs) if _tool_env(env).executor is not executor), None)
+        if stray is not None:
+            for env in self.envs:
+                env.close()
+            if self._owns_executor:
+                runtime.run_sync(executor.aclose())
+            raise ValueError(f"sub-env {stray} does not use the executor passed to env_fn as executor=: the sub-envs "
+                             "must share one (pass **kwargs on to ToolEnv)")
         self._steppers: list[Callable[[Any], Awaitable[Any]] | None] = [_async_step(env) for env in self.envs]
         threaded = sum(s is None for s in self._steppers)
         self._wrapper_pool = (

@@ -56,7 +56,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         tasks: a sequence of task rows, or ``fn(np_random) -> row`` for procedural tasks. A row has ``"id"``,
             ``"prompt"`` (the user text) or ``"messages"`` (a chat list), plus whatever the reward needs.
         tools: the tools the model may call (ignored when ``executor`` is given).
-        reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float``.
+        reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float | Score``; the components of
+            its :class:`~toolgym.rewards.base.Score` go to ``info["reward_components"]`` and the trajectory.
         tokenizer: a Hugging Face tokenizer or a name/path; ``None`` = the embedded SmolLM2 tokenizer.
         chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
             tools or is a known family's, else toolgym's ChatML tool template).
