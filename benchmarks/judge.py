@@ -83,7 +83,7 @@ async def measure(judge: LLMJudge, n: int, start: int) -> dict:
 
     async def one(t: Trajectory, task: dict) -> float:
         t0 = time.perf_counter()
-        v = await judge.outcome(t, task)
+        v = (await judge.outcome(t, task)).value
         latencies.append(time.perf_counter() - t0)
         return v
 

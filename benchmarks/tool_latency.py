@@ -31,7 +31,8 @@ def make_tool(name: str) -> tuple[Tool, list[dict[str, Any]]]:
 
         return calculator_tool(), [{"expression": f"({i} + 12345) * 6789 - {i * 7}"} for i in range(50)]
     if name == "search":
-        from toolgym.tools.search import SearchTool, default_retriever
+        from toolgym.data.geo import default_retriever
+        from toolgym.tools.search import SearchTool
 
         qs = ["capital of France", "population of Lima", "currency of Japan", "Berlin", "country of Osaka"]
         return SearchTool(default_retriever()), [{"query": f"{q} {i}"} for i in range(10) for q in qs]

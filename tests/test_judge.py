@@ -11,7 +11,7 @@ import time
 import pytest
 from aiohttp import web
 
-from toolgym.rewards import Combine, ExactMatch, JudgeErrorKind, LLMJudge, parse_score
+from toolgym.rewards import Combine, ExactMatch, JudgeErrorKind, LLMJudge, Score, parse_score
 from toolgym.serve.model import ModelServer, load
 from toolgym.trajectory import Trajectory, Turn
 
@@ -153,10 +153,11 @@ async def test_judge_against_toolgym_serve_model(model_server):
     )
     forced = LLMJudge(url, extra_body={"allowed_token_ids": [seven]}, **common)
     t = traj("<answer>Paris</answer>", TASK)
-    assert await forced.outcome(t, TASK) == pytest.approx(7 / 9)
-    assert forced.components() == {"judge/cached": 0.0}
+    score = await forced.outcome(t, TASK)
+    assert score.value == pytest.approx(7 / 9)
+    assert score.components == {"judge/cached": 0.0}
     free = LLMJudge(url, extra_body={"allowed_token_ids": digits}, **common)
-    scores = [await free.outcome(t, TASK) for _ in range(2)]
+    scores = [(await free.outcome(t, TASK)).value for _ in range(2)]
     assert scores[0] == scores[1]  # greedy, same prompt: deterministic
     assert any(scores[0] == pytest.approx(d / 9) for d in range(10))
     assert free.metrics()["http_attempts"] == 2 and free.failures == {}
@@ -168,8 +169,9 @@ async def test_judge_against_toolgym_serve_model(model_server):
         cache=False,
         extra_body={"allowed_token_ids": [tok(" hello", add_special_tokens=False)["input_ids"][0]]},
     )
-    assert await garbage.outcome(t, TASK) == 0.0
-    assert garbage.components() == {"judge/failed": 1.0, "judge/error/parse_error": 1.0}
+    score = await garbage.outcome(t, TASK)
+    assert score.value == 0.0
+    assert score.components == {"judge/failed": 1.0, "judge/error/parse_error": 1.0}
     for j in (forced, free, garbage):
         await j.aclose()
 
@@ -180,7 +182,7 @@ async def test_failover_to_a_live_endpoint_when_one_is_down(fault_servers, model
     judge = LLMJudge([dead, live.url + "/v1"], max_retries=2, retry_backoff_s=0, down_cooldown_s=30)
     tasks = [{**TASK, "id": i} for i in range(8)]
     scores = await asyncio.gather(*(judge.outcome(traj(f"answer {i}"), task) for i, task in enumerate(tasks)))
-    assert scores == [pytest.approx(0.9)] * 8
+    assert [s.value for s in scores] == [pytest.approx(0.9)] * 8
     m = judge.metrics()
     assert m["failed"] == 0 and live.hits == 8
     dead_stats = m["endpoints"][dead]
@@ -188,7 +190,7 @@ async def test_failover_to_a_live_endpoint_when_one_is_down(fault_servers, model
     assert n_conn >= 1 and n_conn <= 8
     # once marked down, a later request goes straight to the live endpoint
     before = judge.counts["http_attempts"]
-    assert await judge.outcome(traj("later"), TASK) == pytest.approx(0.9)
+    assert (await judge.outcome(traj("later"), TASK)).value == pytest.approx(0.9)
     assert judge.counts["http_attempts"] == before + 1
     # failover also works in front of the real model server
     url, tok, name = model_server
@@ -201,15 +203,16 @@ async def test_failover_to_a_live_endpoint_when_one_is_down(fault_servers, model
         retry_backoff_s=0,
         extra_body={"allowed_token_ids": [seven]},
     )
-    assert await real.outcome(traj("x"), TASK) == pytest.approx(7 / 9)
+    assert (await real.outcome(traj("x"), TASK)).value == pytest.approx(7 / 9)
     await judge.aclose()
     await real.aclose()
 
 
 async def test_all_endpoints_down_is_a_classified_failure():
     judge = LLMJudge([dead_url(), dead_url()], max_retries=3, retry_backoff_s=0, failure_score=-1.0)
-    assert await judge.outcome(traj("x"), TASK) == -1.0
-    assert judge.components() == {"judge/failed": 1.0, "judge/error/connection": 1.0}
+    score = await judge.outcome(traj("x"), TASK)
+    assert score.value == -1.0
+    assert score.components == {"judge/failed": 1.0, "judge/error/connection": 1.0}
     assert judge.failures == {"connection": 1}
     await judge.aclose()
 
@@ -220,8 +223,7 @@ async def test_timeout_is_classified_and_bounded(fault_servers):
     t0 = time.monotonic()
     score = await judge.outcome(traj("x"), TASK)
     elapsed = time.monotonic() - t0
-    assert score == 0.0 and elapsed < 3.0
-    assert judge.components() == {"judge/failed": 1.0, "judge/error/timeout": 1.0}
+    assert score == Score(0.0, {"judge/failed": 1.0, "judge/error/timeout": 1.0}) and elapsed < 3.0
     assert slow.hits == 2  # first attempt + one retry
     await judge.aclose()
 
@@ -229,12 +231,13 @@ async def test_timeout_is_classified_and_bounded(fault_servers):
 async def test_retry_on_500_but_not_on_400(fault_servers):
     flaky = await fault_servers(lambda body, hit: (500, {"error": "boom"}, 0) if hit <= 2 else (200, chat("[[6]]"), 0))
     judge = LLMJudge(flaky.url, max_retries=2, retry_backoff_s=0)
-    assert await judge.outcome(traj("x"), TASK) == pytest.approx(0.6)
+    assert (await judge.outcome(traj("x"), TASK)).value == pytest.approx(0.6)
     assert flaky.hits == 3
     bad = await fault_servers(lambda body, hit: (400, {"error": {"message": "bad"}}, 0))
     judge2 = LLMJudge(bad.url, max_retries=3, retry_backoff_s=0)
-    assert await judge2.outcome(traj("x"), TASK) == 0.0
-    assert judge2.components()["judge/error/http_error"] == 1.0 and bad.hits == 1
+    score = await judge2.outcome(traj("x"), TASK)
+    assert score.value == 0.0
+    assert score.components["judge/error/http_error"] == 1.0 and bad.hits == 1
     for j in (judge, judge2):
         await j.aclose()
 
@@ -242,12 +245,14 @@ async def test_retry_on_500_but_not_on_400(fault_servers):
 async def test_bad_response_and_parse_error(fault_servers):
     garbled = await fault_servers(lambda body, hit: (200, b"<html>not json</html>", 0))
     judge = LLMJudge(garbled.url, max_retries=1, retry_backoff_s=0)
-    assert await judge.outcome(traj("x"), TASK) == 0.0
-    assert judge.components()["judge/error/bad_response"] == 1.0 and garbled.hits == 2
+    score = await judge.outcome(traj("x"), TASK)
+    assert score.value == 0.0
+    assert score.components["judge/error/bad_response"] == 1.0 and garbled.hits == 2
     vague = await fault_servers(ok("It is probably fine."))
     judge2 = LLMJudge(vague.url)
-    assert await judge2.outcome(traj("x"), TASK) == 0.0
-    assert judge2.components()["judge/error/parse_error"] == 1.0 and vague.hits == 1  # not retried
+    score = await judge2.outcome(traj("x"), TASK)
+    assert score.value == 0.0
+    assert score.components["judge/error/parse_error"] == 1.0 and vague.hits == 1  # not retried
     for j in (judge, judge2):
         await j.aclose()
 
@@ -275,14 +280,15 @@ async def test_template_fields_and_template_error(fault_servers):
         "question": k["question"],
         "topic": k["topic"],
     }
-    assert await judge.outcome(traj("<answer>Paris</answer>"), task) == 1.0
+    assert (await judge.outcome(traj("<answer>Paris</answer>"), task)).value == 1.0
     sent = srv.bodies[-1]
     assert sent["model"] == "judge-x" and sent["max_tokens"] == 7 and sent["temperature"] == 0.0
     assert sent["messages"][0] == {"role": "system", "content": "You grade geography."}
     broken = LLMJudge(srv.url, prompt_template="{no_such_field}")
     hits = srv.hits
-    assert await broken.outcome(traj("x"), task) == 0.0
-    assert broken.components()["judge/error/template_error"] == 1.0 and srv.hits == hits
+    score = await broken.outcome(traj("x"), task)
+    assert score.value == 0.0
+    assert score.components["judge/error/template_error"] == 1.0 and srv.hits == hits
     for j in (judge, broken):
         await j.aclose()
 
@@ -291,11 +297,12 @@ async def test_cache_and_in_flight_deduplication(fault_servers):
     srv = await fault_servers(ok("Score: 5/10", delay=0.2))
     judge = LLMJudge(srv.url)
     same = [judge.outcome(traj("<answer>Paris</answer>"), TASK) for _ in range(5)]
-    assert await asyncio.gather(*same) == [0.5] * 5
+    assert [s.value for s in await asyncio.gather(*same)] == [0.5] * 5
     assert srv.hits == 1  # concurrent identical prompts were sent once
-    assert await judge.outcome(traj("<answer>Paris</answer>"), TASK) == 0.5
-    assert judge.components() == {"judge/cached": 1.0} and srv.hits == 1
-    assert await judge.outcome(traj("<answer>Lyon</answer>"), TASK) == 0.5
+    score = await judge.outcome(traj("<answer>Paris</answer>"), TASK)
+    assert score.value == 0.5
+    assert score.components == {"judge/cached": 1.0} and srv.hits == 1
+    assert (await judge.outcome(traj("<answer>Lyon</answer>"), TASK)).value == 0.5
     assert srv.hits == 2 and judge.metrics()["cache_hits"] >= 1
     await judge.aclose()
 
@@ -305,7 +312,7 @@ async def test_least_in_flight_balancing_and_concurrency_cap(fault_servers):
     b = await fault_servers(ok(delay=0.3))
     judge = LLMJudge([a.url, b.url], max_concurrency=4, cache=False)
     t0 = time.monotonic()
-    scores = await asyncio.gather(*(judge.outcome(traj(f"answer {i}"), TASK) for i in range(12)))
+    scores = [s.value for s in await asyncio.gather(*(judge.outcome(traj(f"answer {i}"), TASK) for i in range(12)))]
     elapsed = time.monotonic() - t0
     assert scores == [pytest.approx(0.8)] * 12
     assert a.hits == b.hits == 6  # least-in-flight spreads the load evenly
@@ -319,11 +326,13 @@ async def test_judge_in_combine_reports_failures_in_components(fault_servers):
     judge = LLMJudge(srv.url)
     combo = Combine({ExactMatch(): 1.0, judge: 0.5})
     t = traj("<answer>Paris</answer>", TASK)
-    assert await combo.outcome(t, TASK) == pytest.approx(1.0 + 0.5 * 0.4)
-    assert combo.components() == {"exact_match": 1.0, "judge": pytest.approx(0.4), "judge/cached": 0.0}
+    score = await combo.outcome(t, TASK)
+    assert score.value == pytest.approx(1.0 + 0.5 * 0.4)
+    assert score.components == {"exact_match": 1.0, "judge": pytest.approx(0.4), "judge/cached": 0.0}
     down = Combine({ExactMatch(): 1.0, LLMJudge(dead_url(), max_retries=0): 0.5})
-    assert await down.outcome(t, TASK) == pytest.approx(1.0)
-    comps = down.components()
+    score = await down.outcome(t, TASK)
+    assert score.value == pytest.approx(1.0)
+    comps = score.components
     assert comps["judge/failed"] == 1.0 and comps["judge/error/connection"] == 1.0 and comps["judge"] == 0.0
     assert JudgeErrorKind.CONNECTION.value == "connection"
     await judge.aclose()

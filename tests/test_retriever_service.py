@@ -16,11 +16,11 @@ import gymnasium as gym
 import pytest
 
 import toolgym  # noqa: F401 - registers the envs
-from toolgym.data.geo import load_geo
+from toolgym.data.geo import default_retriever, load_geo
 from toolgym.format.parsers import get_parser
 from toolgym.serve.retriever import BackgroundServer
 from toolgym.tools.base import ToolError, ToolErrorKind
-from toolgym.tools.search import RemoteRetriever, default_retriever
+from toolgym.tools.search import RemoteRetriever
 
 HERMES = get_parser("hermes")
 

@@ -149,7 +149,7 @@ def test_local_model_that_cannot_load_is_a_classified_error(tmp_path):
     t = Trajectory(prompt_ids=[1, 2], completion_ids=[3])
 
     async def go():
-        return await rm.outcome(t, {}), rm.components()
+        return tuple(await rm.outcome(t, {}))
 
     value, comps = asyncio.run(go())
     assert value == -1.0
@@ -219,8 +219,7 @@ def _trajs(n: int) -> list[Trajectory]:
 
 async def _score_all(rm: RewardModelReward, trajs):
     async def one(t):
-        v = await rm.outcome(t, {})
-        return v, rm.components()
+        return tuple(await rm.outcome(t, {}))
 
     try:
         return await asyncio.gather(*(one(t) for t in trajs))
@@ -247,7 +246,7 @@ def test_remote_pooling_and_per_turn(server):
 
     async def go():
         try:
-            return await rm.turn(t.turns[0], t, {}), await rm.outcome(t, {})
+            return (await rm.turn(t.turns[0], t, {})).value, (await rm.outcome(t, {})).value
         finally:
             await rm.aclose()
 

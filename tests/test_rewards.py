@@ -19,6 +19,7 @@ from toolgym.rewards import (
     ExactMatch,
     NumericMatch,
     Reward,
+    Score,
     ToolCallFormat,
     ToolVerified,
     answer_format,
@@ -137,17 +138,16 @@ def test_answer_format(text, expected):
 async def test_rule_rewards_read_the_trajectory_and_task():
     task = {"golden_answers": ["Paris", "City of Light"], "answer": "12"}
     t = traj("I think <answer>the city of light</answer>", task)
-    assert await ExactMatch().outcome(t, task) == 1.0
-    assert await F1().outcome(traj("<answer>Paris France</answer>"), task) == pytest.approx(2 / 3)
-    assert await NumericMatch().outcome(traj("<answer>12.00001</answer>"), task) == 1.0
-    assert await NumericMatch(abs_tol=0, rel_tol=0).outcome(traj("<answer>12.00001</answer>"), task) == 0.0
-    assert await AnswerFormat(0.5).outcome(t, task) == 0.5
-    assert await AnswerFormat().outcome(traj("Paris"), task) == 0.0
+    assert (await ExactMatch().outcome(t, task)).value == 1.0
+    assert (await F1().outcome(traj("<answer>Paris France</answer>"), task)).value == pytest.approx(2 / 3)
+    assert (await NumericMatch().outcome(traj("<answer>12.00001</answer>"), task)).value == 1.0
+    assert (await NumericMatch(abs_tol=0, rel_tol=0).outcome(traj("<answer>12.00001</answer>"), task)).value == 0.0
+    assert (await AnswerFormat(0.5).outcome(t, task)).value == 0.5
+    assert (await AnswerFormat().outcome(traj("Paris"), task)).value == 0.0
     em = ExactMatch(field="missing")
-    assert await em.outcome(t, task) == 0.0
-    assert em.components() == {"exact_match/missing_gold": 1.0}
+    assert await em.outcome(t, task) == Score(0.0, {"exact_match/missing_gold": 1.0})
     custom = ExactMatch(prediction=lambda tr: tr.final_text)  # raw text instead of the <answer> content
-    assert await custom.outcome(traj("Paris"), task) == 1.0
+    assert (await custom.outcome(traj("Paris"), task)).value == 1.0
 
 
 def _turn(index: int, calls: list[ToolCall], kinds: list[ToolErrorKind | None]) -> Turn:
@@ -167,14 +167,16 @@ async def test_tool_call_format_per_turn():
     slow = _turn(2, [ToolCall("calc")], [ToolErrorKind.TIMEOUT])
     none = Turn(index=3, action_start=0, action_end=1)
     t = Trajectory(prompt_ids=[1])
-    assert await r.turn(ok, t, {}) == pytest.approx(0.1) and r.components() == {}
-    assert await r.turn(bad, t, {}) == pytest.approx(-0.4)
-    assert r.components() == {"tool_call_format/parse_error": 1.0, "tool_call_format/unknown_tool": 1.0}
-    assert await r.turn(slow, t, {}) == 0.0
-    assert await r.turn(none, t, {}) == 0.0
+    good = await r.turn(ok, t, {})
+    assert good.value == pytest.approx(0.1) and good.components == {}
+    wrong = await r.turn(bad, t, {})
+    assert wrong.value == pytest.approx(-0.4)
+    assert wrong.components == {"tool_call_format/parse_error": 1.0, "tool_call_format/unknown_tool": 1.0}
+    assert (await r.turn(slow, t, {})).value == 0.0
+    assert (await r.turn(none, t, {})).value == 0.0
     custom = ToolCallFormat(ok=1.0, penalties={ToolErrorKind.TIMEOUT: -2.0}, default_penalty=-0.5)
-    assert await custom.turn(slow, t, {}) == -2.0
-    assert await custom.turn(bad, t, {}) == -1.0  # two kinds not in the table: -0.5 each
+    assert (await custom.turn(slow, t, {})).value == -2.0
+    assert (await custom.turn(bad, t, {})).value == -1.0  # two kinds not in the table: -0.5 each
 
 
 # ------------------------------------------------------------------------------------------------------- combine
@@ -195,10 +197,9 @@ async def test_combine_weights_and_components():
         return -len(trajectory.answer) / 100
 
     combo = Combine({ExactMatch(): 2.0, F1(): 0.5, length_penalty: 1.0, ExactMatch(field="other"): 3.0})
-    value = await combo.outcome(t, task)
+    value, comps = await combo.outcome(t, task)
     f1 = 2 * 0.5 * 1 / 1.5
     assert value == pytest.approx(2.0 * 0.0 + 0.5 * f1 - len("Paris city") / 100 + 3.0 * 0.0)
-    comps = combo.components()
     assert comps["exact_match"] == 0.0 and comps["f1"] == pytest.approx(f1)
     assert comps["length_penalty"] == pytest.approx(-0.1)
     assert comps["exact_match_2"] == 0.0 and comps["exact_match/missing_gold"] == 1.0
@@ -211,7 +212,7 @@ async def test_combine_weights_and_components():
 async def test_combine_runs_children_concurrently():
     combo = Combine({Slow(1.0, 0.3, "a"): 1.0, Slow(2.0, 0.3, "b"): 1.0, Slow(3.0, 0.3, "c"): 1.0})
     t0 = time.monotonic()
-    assert await combo.outcome(traj("x"), {}) == 6.0
+    assert (await combo.outcome(traj("x"), {})).value == 6.0
     assert time.monotonic() - t0 < 0.75  # far less than the 0.9 s sequential sum
 
 
@@ -220,18 +221,10 @@ class EchoComponents(Reward):
 
     name = "echo"
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
-        from toolgym.rewards._state import ComponentsState
-
-        if not hasattr(self, "_st"):
-            self._st = ComponentsState()
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         n = int(trajectory.answer)
         await asyncio.sleep(0.001 * (n % 7))
-        self._st.set({"echo/n": float(n)})
-        return float(n)
-
-    def components(self) -> dict[str, float]:
-        return self._st.get()
+        return Score(float(n), {"echo/n": float(n)})
 
 
 async def test_score_batch_is_concurrent_and_components_stay_per_trajectory():
@@ -246,6 +239,34 @@ async def test_score_batch_is_concurrent_and_components_stay_per_trajectory():
     assert [v for v, _ in slow[0]] == [1.0] * 10
     with pytest.raises(ValueError):
         await score_batch(combo, trajs, tasks=[{}])
+
+
+async def test_score_of_is_the_one_coercion_of_a_plain_number():
+    """A user reward may return a number: it becomes Score(value, {}) (no components, as before Score existed);
+    Combine merges it with the Score children; anything else is a TypeError naming the reward."""
+
+    class PlainFloat(Reward):
+        name = "plain"
+
+        async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+            return np.float32(0.25)  # type: ignore[return-value]
+
+    assert Score.of(1) == Score(1.0, {}) and type(Score.of(True).value) is float
+    assert Score.of(np.array(0.5)) == Score(0.5, {})
+    same = Score(2.0, {"a": 1.0})
+    assert Score.of(same) == same and Score.of(same).components is not same.components
+    value, comps = same
+    assert (value, comps) == (2.0, {"a": 1.0}) and float(same) == 2.0
+    combo = Combine({PlainFloat(): 2.0, ExactMatch(field="missing"): 1.0, (lambda t, k: 3): 1.0})
+    got = await combo.outcome(traj("x"), {})
+    assert got == Score(3.5, {"plain": 0.25, "exact_match": 0.0, "exact_match/missing_gold": 1.0, "<lambda>": 3.0})
+    assert await outcome_with_components(PlainFloat(), traj("x"), {}) == Score(0.25, {})
+
+    def broken(trajectory, task):
+        return "1.0"
+
+    with pytest.raises(TypeError, match="must return a Score or a number, got str from <function"):
+        await score_batch(broken, [traj("x")])
 
 
 async def test_outcome_with_components_across_loops():
@@ -296,16 +317,15 @@ async def test_tool_verified_compares_sql_results():
     r = ToolVerified.compare_tool(tool, argument="query", gold_field="gold_sql", compare=same_rows_any_order)
     task = {"gold_sql": "SELECT name FROM t WHERE n >= 2 ORDER BY n"}
     good = traj("<answer>SELECT name FROM t WHERE n > 1 ORDER BY name DESC</answer>", task)
-    assert await r.outcome(good, task) == 1.0 and r.components() == {}
-    assert await r.outcome(good, {**task, "ordered": True}) == 0.0  # order matters when the question orders
+    assert await r.outcome(good, task) == Score(1.0, {})
+    assert (await r.outcome(good, {**task, "ordered": True})).value == 0.0  # order matters when the question orders
     wrong = traj("<answer>SELECT name FROM t</answer>", task)
-    assert await r.outcome(wrong, task) == 0.0 and r.components() == {}
+    assert await r.outcome(wrong, task) == Score(0.0, {})
     broken_sql = traj("<answer>SELEC name FRM t</answer>", task)
-    assert await r.outcome(broken_sql, task) == 0.0 and r.components() == {}  # a wrong answer, not a failure
+    assert await r.outcome(broken_sql, task) == Score(0.0, {})  # a wrong answer, not a failure
     # a broken *gold* is a verifier failure, classified
     bad_gold = {"gold_sql": "DROP TABLE t"}
-    assert await r.outcome(good, bad_gold) == 0.0
-    assert r.components() == {"verified_execute_sql/error/invalid_arguments": 1.0}
+    assert await r.outcome(good, bad_gold) == Score(0.0, {"verified_execute_sql/error/invalid_arguments": 1.0})
     assert r.name == "verified_execute_sql" and r.failures == {"invalid_arguments": 1}
 
 
@@ -317,10 +337,9 @@ async def test_tool_verified_failures_are_classified():
 
     r = ToolVerified(sync_check, failure_score=-1.0)
     task = {"gold": "yes"}
-    assert await r.outcome(traj("yes"), task) == 1.0
-    assert await r.outcome(traj("no"), task) == 0.0
-    assert await r.outcome(traj("boom"), task) == -1.0
-    assert r.components() == {"verified/error/exception": 1.0}
+    assert (await r.outcome(traj("yes"), task)).value == 1.0
+    assert (await r.outcome(traj("no"), task)).value == 0.0
+    assert await r.outcome(traj("boom"), task) == Score(-1.0, {"verified/error/exception": 1.0})
 
     async def hang(pred, task):
         await asyncio.sleep(10)
@@ -328,8 +347,8 @@ async def test_tool_verified_failures_are_classified():
 
     slow = ToolVerified(hang, timeout_s=0.1)
     t0 = time.monotonic()
-    assert await slow.outcome(traj("x"), task) == 0.0
-    assert time.monotonic() - t0 < 2 and slow.components() == {"verified/error/timeout": 1.0}
+    assert await slow.outcome(traj("x"), task) == Score(0.0, {"verified/error/timeout": 1.0})
+    assert time.monotonic() - t0 < 2
 
 
 async def test_tool_verified_concurrency_cap():
@@ -346,7 +365,7 @@ async def test_tool_verified_concurrency_cap():
 
     r = ToolVerified(check, max_concurrency=3)
     values = await asyncio.gather(*(r.outcome(traj(str(i)), {}) for i in range(10)))
-    assert values == [1.0] * 10 and peak == 3
+    assert values == [Score(1.0)] * 10 and peak == 3
 
 
 # ------------------------------------------------------------------------------------- per-turn in a real ToolEnv

@@ -14,13 +14,14 @@ import pytest
 
 import toolgym  # noqa: F401 - registers the envs
 from toolgym.data import geo
+from toolgym.data.geo import default_retriever
 from toolgym.data.search_r1 import load_corpus, load_qa
 from toolgym.envs.search import SearchEnv, SearchReward, load_tasks
 from toolgym.format.parsers import get_parser
 from toolgym.rewards.rules import normalize_answer
 from toolgym.tools.base import ToolCall, ToolErrorKind
 from toolgym.tools.executor import ToolExecutor
-from toolgym.tools.search import BM25Retriever, Hit, Passage, SearchTool, default_retriever, format_docs
+from toolgym.tools.search import BM25Retriever, Hit, Passage, SearchTool, format_docs
 from toolgym.trajectory import Trajectory, Turn
 
 HERMES = get_parser("hermes")
@@ -322,14 +323,14 @@ async def test_search_reward_scores_unanswered_and_partial_answers():
     rew = SearchReward("f1", format_weight=0.5)
     task = {"golden_answers": ["New Zealand Dollar", "NZD"]}
     partial = Trajectory(prompt_ids=[1], turns=[Turn(0, 0, 1, text="<answer>Dollar</answer>", content="<answer>Dollar</answer>")])
-    v = await rew.outcome(partial, task)
-    assert rew.components()["em"] == 0.0 and 0.0 < rew.components()["f1"] < 1.0
-    assert v == pytest.approx(rew.components()["f1"] + 0.5)
+    v, comps = await rew.outcome(partial, task)
+    assert comps["em"] == 0.0 and 0.0 < comps["f1"] < 1.0
+    assert v == pytest.approx(comps["f1"] + 0.5)
     unanswered = Trajectory(prompt_ids=[1], turns=[Turn(0, 0, 1, text="x", content="NZD", calls=[ToolCall("search", {"query": "q"})])])
-    assert await rew.outcome(unanswered, task) == 0.0
+    assert (await rew.outcome(unanswered, task)).value == 0.0
     em = SearchReward()
     right = Trajectory(prompt_ids=[1], turns=[Turn(0, 0, 1, text="<answer>the nzd.</answer>", content="<answer>the nzd.</answer>")])
-    assert await em.outcome(right, task) == 1.0
+    assert (await em.outcome(right, task)).value == 1.0
     with pytest.raises(ValueError):
         SearchReward("bleu")
 

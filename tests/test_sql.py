@@ -138,7 +138,7 @@ def test_rows_match_rules():
 async def test_oracle_gold_sql_scores_one_on_every_question_and_wrong_sql_scores_zero():
     qs = chinook_questions()
     reward = SQLExecutionMatch()
-    scores = await asyncio.gather(*(reward.check(q["gold_sql"], q) for q in qs))
+    scores = [s.value for s in await asyncio.gather(*(reward.check(q["gold_sql"], q) for q in qs))]
     assert [q["id"] for q, s in zip(qs, scores, strict=True) if s != 1.0] == []
     # the score can fail: another question's gold SQL whose result differs, an empty answer, a write -> 0
     path = str(chinook_path())
@@ -149,10 +149,10 @@ async def test_oracle_gold_sql_scores_one_on_every_question_and_wrong_sql_scores
             if run_query(path, other["gold_sql"], max_rows=None).rows != gold:
                 pairs.append((other["gold_sql"], q))
                 break
-    wrong = await asyncio.gather(*(reward.check(sql, q) for sql, q in pairs))
+    wrong = [s.value for s in await asyncio.gather(*(reward.check(sql, q) for sql, q in pairs))]
     assert len(pairs) == len(qs[::4]) and sum(wrong) == 0
-    assert await reward.check("", qs[0]) == 0.0
-    assert await reward.check("DELETE FROM Track", qs[0]) == 0.0
+    assert (await reward.check("", qs[0])).value == 0.0
+    assert (await reward.check("DELETE FROM Track", qs[0])).value == 0.0
 
 
 def test_order_sensitivity_follows_the_question():

@@ -12,9 +12,10 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import toolgym
+from toolgym import runtime
 from toolgym.envs.base import ToolEnv
 from toolgym.format.parsers import get_parser
-from toolgym.tools.function import tool
+from toolgym.tools.function import FunctionTool, tool
 from toolgym.vector import ToolVectorEnv
 
 CALLS = {"n": 0, "running": 0, "max_running": 0}
@@ -171,3 +172,100 @@ def test_batched_infos_equal_gymnasiums_add_info():
     same(ours, theirs)
     assert ours["_turn"].tolist() == [True, True, True, True] and ours["_final_obs"].tolist() == [False, True, False, False]
     venv.close()
+
+
+# ------------------------------------------------------------------------------------ the executor and wrappers
+class Bonus(gym.Wrapper):
+    """A plain (synchronous) reward-shaping wrapper: +10 on every step, and marks reset's info."""
+
+    def reset(self, **kw):
+        obs, info = self.env.reset(**kw)
+        return obs, {**info, "wrapped": True}
+
+    def step(self, action):
+        obs, reward, te, tr, info = self.env.step(action)
+        return obs, reward + 10.0, te, tr, {**info, "bonus": 10.0}
+
+
+class AsyncBonus(Bonus):
+    """The same wrapper with an ``astep``: the vector env awaits it instead of using a thread."""
+
+    asteps = 0
+
+    async def astep(self, action):
+        AsyncBonus.asteps += 1
+        obs, reward, te, tr, info = await self.env.astep(action)
+        return obs, reward + 10.0, te, tr, {**info, "bonus": 10.0}
+
+
+def _wrapped(wrapper, **kw):
+    return wrapper(ToolEnv(TASKS, [slow], reward=reward, max_turns=3, **kw))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("wrapper", [Bonus, AsyncBonus, lambda e: Bonus(gym.wrappers.OrderEnforcing(e))])
+def test_a_wrapper_in_env_fn_applies_to_reset_and_step_concurrently(wrapper):
+    n = 16
+    envs = ToolVectorEnv(functools.partial(_wrapped, wrapper), num_envs=n)
+    _, info = envs.reset(seed=0, options={"tasks": TASKS[:n]})
+    assert info["wrapped"].all()
+    e = [env.unwrapped for env in envs.envs]
+    AsyncBonus.asteps = 0
+    CALLS.update(n=0, max_running=0)
+    t0 = time.perf_counter()
+    obs, rew, te, _, infos = envs.step([e[i].encode_action(call_text(i)) for i in range(n)])
+    elapsed = time.perf_counter() - t0
+    assert rew.tolist() == [10.0] * n and infos["bonus"].tolist() == [10.0] * n and not te.any()
+    assert CALLS["n"] == n and CALLS["max_running"] == n, CALLS  # the wrapped steps overlap, none blocks the loop
+    assert elapsed < n * 0.05 / 2, elapsed
+    assert AsyncBonus.asteps == (n if wrapper is AsyncBonus else 0)
+    # the final step: outcome reward 1 (right answer) + the wrapper's 10; sub-env 0 alone, as a per-episode driver does
+    _, r0, te0, _, info0 = runtime.run_sync(envs.astep_env(0, e[0].encode_action("<answer>0</answer>")))
+    assert te0 and r0 == 11.0 and info0["bonus"] == 10.0
+    _, rew, te, _, infos = envs.step([None] + [e[i].encode_action(f"<answer>{i}</answer>") for i in range(1, n)])
+    assert te[1:].all() and rew[1:].tolist() == [11.0] * (n - 1)
+    assert [t.outcome_reward for t in infos["trajectory"][1:]] == [1.0] * (n - 1)
+    envs.close()
+
+
+class ClosingEcho(FunctionTool):
+    """An echo tool that counts how often its executor closed it."""
+
+    closes = 0
+
+    async def aclose(self) -> None:
+        ClosingEcho.closes += 1
+
+
+def test_every_sub_env_gets_the_shared_executor_explicitly():
+    from toolgym.tools.executor import ToolExecutor
+
+    def echo_fn(x: str) -> str:
+        """Echo x.
+
+        Args:
+            x: any text
+        """
+        return x
+
+    echo = ClosingEcho(echo_fn, name="echo")
+    one = functools.partial(ToolEnv, TASKS, [echo], max_turns=2)
+    ClosingEcho.closes = 0
+    envs = ToolVectorEnv(one, num_envs=3)
+    ex = envs.executor
+    assert all(env.unwrapped.executor is ex and not env.unwrapped.owns_executor for env in envs.envs)
+    envs.close()  # the vector env took the first sub-env's executor over: it closes it, once
+    assert ClosingEcho.closes == 1
+    # an executor passed in stays its owner's: the vector env passes it to every sub-env and does not close it
+    mine = ToolExecutor([echo])
+    envs = ToolVectorEnv(one, num_envs=2, executor=mine)
+    assert [env.unwrapped.executor for env in envs.envs] == [mine, mine]
+    envs.close()
+    assert ClosingEcho.closes == 1
+    alone = one()  # a ToolEnv that built its executor owns it, unless told otherwise
+    assert alone.owns_executor and not one(owns_executor=False).owns_executor
+    assert alone.share_executor() is alone.executor and not alone.owns_executor
+    with pytest.raises(ValueError, match="does not use the executor"):
+        ToolVectorEnv(lambda **kw: ToolEnv(TASKS, [slow]), num_envs=2)  # env_fn drops executor=
+    with pytest.raises(TypeError, match="must build a ToolEnv"):
+        ToolVectorEnv(lambda **kw: gym.make("CartPole-v1"), num_envs=1)

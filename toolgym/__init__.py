@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from toolgym.envs.registration import register_envs
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult
 from toolgym.tools.executor import ToolCache, ToolExecutor
@@ -15,6 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FunctionTool",
+    "Score",
     "Tool",
     "ToolCache",
     "ToolCall",
@@ -28,5 +31,16 @@ __all__ = [
     "register_envs",
     "tool",
 ]
+
+
+
+def __getattr__(name: str) -> Any:
+    # ``toolgym.Score`` on first use: importing toolgym.rewards pulls in aiohttp, which ``import toolgym`` need not pay
+    if name == "Score":
+        from toolgym.rewards.base import Score
+
+        return Score
+    raise AttributeError(f"module 'toolgym' has no attribute {name!r}")
+
 
 register_envs()

@@ -3,14 +3,31 @@
 All tool calls of one vector step run concurrently under the executor's caps: 256 episodes each calling a
 50 ms tool take about 50 ms, not 12.8 s. Episodes end at different turns, so sub-envs can be stepped as a
 subset (``None`` actions), and Gymnasium's autoreset modes hold where used.
+
+**Wrappers.** ``env_fn`` may return a wrapped env (``gym.Wrapper``): :meth:`ToolVectorEnv.reset` and
+:meth:`ToolVectorEnv.step` both go through the wrappers, so a wrapper that changes the reward applies to every
+step. Chosen over rejecting wrappers because ``gym.make`` adds wrappers of its own (``OrderEnforcing``) and users
+shape rewards with wrappers; honouring them costs nothing for the bare envs toolgym registers. How a sub-env is
+stepped, without blocking the event loop the others share:
+
+* a bare :class:`~toolgym.envs.base.ToolEnv`: its ``astep`` coroutine (the fast path; all sub-envs of
+  ``gym.make_vec("toolgym/...")`` are bare);
+* wrappers that each either leave ``step`` alone or define an ``async def astep(action)`` next to their ``step``
+  (calling ``await self.env.astep(action)``): the outermost such ``astep``, a coroutine like the bare env's;
+* any other wrapper (a plain synchronous ``step``): the wrapper chain's ``step`` in a worker thread of a pool with
+  one thread per such sub-env (the env's own ``step`` hops back to toolgym's runtime loop for the tools, so these
+  episodes still overlap). Slower per step than a coroutine and not cancellable mid-step; give hot wrappers an
+  ``astep``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
@@ -28,10 +45,15 @@ class ToolVectorEnv(VectorEnv):
     """``num_envs`` copies of a :class:`ToolEnv` sharing one executor (and so one set of tool sessions).
 
     Args:
-        env_fn: builds one sub-env; called as ``env_fn(executor=shared, **env_kwargs)`` for all but the first.
+        env_fn: builds one sub-env (a :class:`ToolEnv`, possibly wrapped: see the module docstring); called as
+            ``env_fn(executor=shared, **env_kwargs)`` for every sub-env when ``executor`` is given, else as
+            ``env_fn(**env_kwargs)`` for the first, whose executor is then taken over
+            (:meth:`ToolEnv.share_executor`) and passed as ``executor=`` to the others. A sub-env that does not
+            use the executor it was passed is a ``ValueError``.
         num_envs: number of sub-envs.
         autoreset_mode: Gymnasium's ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (rollout drivers).
-        executor: a shared executor to use for every sub-env (else the first sub-env's is shared).
+        executor: a shared executor to use for every sub-env, closed by its owner (else the first sub-env's is
+            shared, and closed by :meth:`close`).
         **env_kwargs: forwarded to ``env_fn``.
 
     Observations are a tuple of ``num_envs`` 1-D ``np.int64`` arrays (each sub-env's prompt or observation ids;
@@ -52,12 +74,26 @@ class ToolVectorEnv(VectorEnv):
         if num_envs < 1:
             raise ValueError("num_envs must be >= 1")
         self._owns_executor = executor is None
-        first = env_fn(**env_kwargs) if executor is None else env_fn(executor=executor, **env_kwargs)
-        self.executor: ToolExecutor = first.unwrapped.executor
-        first.unwrapped._owns_executor = False
-        self.envs: list[ToolEnv] = [first] + [
-            env_fn(executor=self.executor, **env_kwargs) for _ in range(num_envs - 1)
-        ]
+        if executor is None:
+            first = env_fn(**env_kwargs)
+            executor = _tool_env(first).share_executor()
+        else:
+            first = env_fn(executor=executor, **env_kwargs)
+        self.executor: ToolExecutor = executor
+        self.envs: list[ToolEnv] = [first] + [env_fn(executor=executor, **env_kwargs) for _ in range(num_envs - 1)]
+        stray = next((i for i, env in enumerate(self.envs) if _tool_env(env).executor is not executor), None)
+        if stray is not None:
+            for env in self.envs:
+                env.close()
+            if self._owns_executor:
+                runtime.run_sync(executor.aclose())
+            raise ValueError(f"sub-env {stray} does not use the executor passed to env_fn as executor=: the sub-envs "
+                             "must share one (pass **kwargs on to ToolEnv)")
+        self._steppers: list[Callable[[Any], Awaitable[Any]] | None] = [_async_step(env) for env in self.envs]
+        threaded = sum(s is None for s in self._steppers)
+        self._wrapper_pool = (
+            ThreadPoolExecutor(max_workers=threaded, thread_name_prefix="toolgym-wrapped-step") if threaded else None
+        )
         self.num_envs = num_envs
         self.autoreset_mode = _autoreset_mode(autoreset_mode)
         self.metadata = {**getattr(first, "metadata", {}), "autoreset_mode": self.autoreset_mode}
@@ -152,9 +188,7 @@ class ToolVectorEnv(VectorEnv):
                 if not self._active[i]:
                     raise RuntimeError(f"sub-env {i} has no running episode: reset it (reset_mask) or pass None")
                 todo.append(i)
-        results = await asyncio.gather(
-            *(runtime.run_async(self.envs[i].unwrapped.astep(actions[i])) for i in todo), return_exceptions=True
-        )
+        results = await asyncio.gather(*(self.astep_env(i, actions[i]) for i in todo), return_exceptions=True)
         # ToolEnv.astep answers its own faults; anything still raised ends only that sub-env's episode (truncated,
         # infos["error"]), never the step of the others
         results = [
@@ -179,6 +213,18 @@ class ToolVectorEnv(VectorEnv):
         infos = self._merge_infos(self._merge_infos({}, final), pairs)
         infos["stepped"] = stepped
         return tuple(obs), rewards, terms, truncs, infos
+
+    async def astep_env(self, i: int, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Step sub-env ``i`` alone, through its wrappers (for per-episode scheduling: one coroutine per episode).
+
+        Returns that sub-env's ``(obs, reward, terminated, truncated, info)``. Runs its ``astep`` coroutine on the
+        runtime loop, or a sync-only wrapper chain's ``step`` in a worker thread (see the module docstring). Does
+        not touch the vector env's autoreset or ``active`` bookkeeping.
+        """
+        stepper = self._steppers[i]
+        if stepper is not None:
+            return await runtime.run_async(stepper(action))
+        return await asyncio.get_running_loop().run_in_executor(self._wrapper_pool, self.envs[i].step, action)
 
     def _merge_infos(self, infos: dict[str, Any], pairs: Sequence[tuple[int, dict[str, Any]]]) -> dict[str, Any]:
         """Gymnasium's ``VectorEnv._add_info`` applied to many ``(sub-env index, info)`` pairs at once: the same
@@ -232,11 +278,50 @@ class ToolVectorEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         for env in self.envs:
             env.close()
+        if self._wrapper_pool is not None:
+            self._wrapper_pool.shutdown(wait=False)
         if self._owns_executor:
             try:
                 runtime.run_sync(self.executor.aclose())
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _tool_env(env: Any) -> ToolEnv:
+    """The :class:`ToolEnv` under ``env``'s wrappers; a ``TypeError`` when there is none."""
+    base = getattr(env, "unwrapped", env)
+    if not isinstance(base, ToolEnv):
+        raise TypeError(f"env_fn must build a ToolEnv (possibly wrapped), got {type(base).__name__}")
+    return base
+
+
+def _defines(cls: type, name: str) -> int | None:
+    """Position in ``cls.__mro__`` of the class that defines ``name`` (``None``: none does)."""
+    return next((k for k, c in enumerate(cls.__mro__) if name in vars(c)), None)
+
+
+def _async_step(env: Any) -> Callable[[Any], Awaitable[Any]] | None:
+    """The coroutine function that steps ``env`` through all its wrappers, or ``None`` when there is none.
+
+    From the outside in, wrappers that leave ``step`` alone and define no ``astep`` are skipped (they change
+    nothing in a step); from the first wrapper that defines ``astep`` on, each must define it, no less derived than
+    its ``step`` (its ``astep`` awaits the next one's). A wrapper overriding only ``step`` means ``None``.
+    """
+    outer: Any = None
+    e = env
+    while isinstance(e, gym.Wrapper):
+        mro = type(e).__mro__
+        at_step, at_astep = _defines(type(e), "step"), _defines(type(e), "astep")
+        overrides_step = at_step is not None and mro[at_step] is not gym.Wrapper
+        if at_astep is None:
+            if overrides_step or outer is not None:
+                return None
+        elif overrides_step and at_step is not None and at_astep > at_step:
+            return None
+        else:
+            outer = outer or e
+        e = e.env
+    return (outer or e).astep
 
 
 def _autoreset_mode(mode: AutoresetMode | str) -> AutoresetMode:

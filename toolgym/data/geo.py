@@ -29,6 +29,7 @@ import math
 import os
 import re
 import string
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -37,11 +38,13 @@ from typing import Any
 import numpy as np
 
 from toolgym.jsonl import read_jsonl, write_jsonl
+from toolgym.tools.search import BM25Retriever
 
 __all__ = [
     "CONTINENTS",
     "GEN_VERSION",
     "cache_dir",
+    "default_retriever",
     "geo_corpus",
     "geo_questions",
     "geo_split",
@@ -428,12 +431,29 @@ def _candidates() -> list[dict[str, Any]]:
     return rows
 
 
+_RETRIEVERS: dict[tuple[str, str], BM25Retriever] = {}
+_RETRIEVERS_LOCK = threading.Lock()
+
+
+def default_retriever(size: str = "default", backend: str = "auto") -> BM25Retriever:
+    """The process-wide BM25 index over the embedded GeoNames corpus (built once, warmed, then shared).
+
+    Args:
+        size: ``"default"`` (~34k passages) or ``"100k"`` (with synthetic passages; see :func:`geo_corpus`).
+        backend: as in :class:`~toolgym.tools.search.BM25Retriever`.
+    """
+    key = (size, backend)
+    with _RETRIEVERS_LOCK:
+        r = _RETRIEVERS.get(key)
+        if r is None:
+            r = _RETRIEVERS[key] = BM25Retriever(geo_corpus(size), backend=backend)
+        return r
+
+
 def build_questions(retriever: Any | None = None) -> list[dict[str, Any]]:
     """Generate and verify the questions (see the module docstring) with ``retriever`` (default: BM25 over
     :func:`geo_corpus`). Rows are sorted by id; ``split`` is not set here (see :func:`geo_split`)."""
     if retriever is None:
-        from toolgym.tools.search import default_retriever
-
         retriever = default_retriever()
     rows = _candidates()
     oracle_q: list[str] = []

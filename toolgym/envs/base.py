@@ -21,7 +21,7 @@ from gymnasium import spaces
 from toolgym import runtime
 from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
-from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
+from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.tools.base import Seconds, Tool
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
@@ -56,7 +56,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         tasks: a sequence of task rows, or ``fn(np_random) -> row`` for procedural tasks. A row has ``"id"``,
             ``"prompt"`` (the user text) or ``"messages"`` (a chat list), plus whatever the reward needs.
         tools: the tools the model may call (ignored when ``executor`` is given).
-        reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float``.
+        reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float | Score``; the components of
+            its :class:`~toolgym.rewards.base.Score` go to ``info["reward_components"]`` and the trajectory.
         tokenizer: a Hugging Face tokenizer or a name/path; ``None`` = the embedded SmolLM2 tokenizer.
         chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
             tools or is a known family's, else toolgym's ChatML tool template).
@@ -72,6 +73,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             short one does. A result whose first ``max_obs_chars`` characters make fewer than ``max_obs_tokens``
             tokens (tokens longer than 32 characters on average) is shown shorter than ``max_obs_tokens``.
         executor: a shared executor (vector envs pass one); else one is built from ``tools`` + ``executor_kwargs``.
+        owns_executor: whether :meth:`close` closes the executor's tools (``None``: only when the env built it).
+            A caller that shares an env's own executor takes it over with :meth:`share_executor`.
         template_kwargs: extra chat-template variables (e.g. ``{"enable_thinking": False}``).
         eot_token: the end-of-turn token text (``None``: guessed from the vocabulary).
 
@@ -98,6 +101,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         max_obs_chars: int | None = None,
         executor: ToolExecutor | None = None,
         executor_kwargs: Mapping[str, Any] | None = None,
+        owns_executor: bool | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
         eot_token: str | None = None,
         render_mode: str | None = None,
@@ -119,7 +123,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         self.tasks = tasks
         self.tokenizer = tokenizer
         self.format = ChatFormat(tokenizer, chat_template, parser, eot_token, dict(template_kwargs or {}))
-        self._owns_executor = executor is None
+        self.owns_executor = executor is None if owns_executor is None else bool(owns_executor)
         self.executor = executor if executor is not None else ToolExecutor(tools, **dict(executor_kwargs or {}))
         self.reward: Reward | None = as_reward(reward)
         self.system_prompt = system_prompt
@@ -258,9 +262,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
         reward = 0.0
         if self.reward is not None and self.reward.per_turn:
-            turn.reward, turn.reward_components = await runtime.run_async(
-                turn_with_components(self.reward, turn, traj, self.task)
-            )
+            score = await runtime.run_async(turn_score(self.reward, turn, traj, self.task))
+            turn.reward, turn.reward_components = score.value, dict(score.components)
             reward += turn.reward
         done = terminated or truncated
         info: dict[str, Any] = {
@@ -279,9 +282,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             self._done = True
             traj.terminated, traj.truncated = terminated, truncated
             if self.reward is not None:
-                traj.outcome_reward, traj.reward_components = await runtime.run_async(
-                    outcome_with_components(self.reward, traj, self.task)
-                )
+                score = await runtime.run_async(outcome_score(self.reward, traj, self.task))
+                traj.outcome_reward, traj.reward_components = score.value, dict(score.components)
                 reward += traj.outcome_reward
             if len(conv) > DRIFT_OFF_LOOP_TOKENS:
                 traj.drift = await asyncio.to_thread(conv.check_drift)
@@ -357,9 +359,16 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         c = self.conversation
         return self.format.decode(c.prompt_ids + c.completion_ids)
 
+    def share_executor(self) -> ToolExecutor:
+        """Hand this env's executor over to a caller that shares it with other envs (e.g.
+        :class:`~toolgym.vector.ToolVectorEnv`): the env keeps using it, but :meth:`close` no longer closes it; the
+        caller does. Returns the executor (pass it as ``executor=`` to the other envs)."""
+        self.owns_executor = False
+        return self.executor
+
     def close(self) -> None:
         """Close the tools of an executor this env owns (shared executors are closed by their vector env)."""
-        if self._owns_executor and self.executor is not None and self.executor.tools:
+        if self.owns_executor and self.executor is not None and self.executor.tools:
             try:
                 runtime.run_sync(self.executor.aclose())
             except Exception:  # noqa: BLE001

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.envs.base import ToolEnv
-from toolgym.rewards._state import ComponentsState
-from toolgym.rewards.base import Reward
+from toolgym.rewards.base import Reward, Score
 from toolgym.rewards.rules import answer_format, exact_match, f1_score, normalize_answer
-from toolgym.tools.search import BM25Retriever, RemoteRetriever, SearchTool, default_retriever
+from toolgym.tools.search import BM25Retriever, RemoteRetriever, SearchTool
 from toolgym.trajectory import Trajectory, Turn, extract_answer
 
 __all__ = ["SYSTEM_PROMPT", "SearchEnv", "SearchReward", "load_tasks", "read_relation"]
@@ -74,13 +73,12 @@ class SearchReward(Reward):
         self.metric, self.format_weight, self.search_reward = metric, format_weight, search_reward
         self.field, self.tool_name = field, tool_name
         self.per_turn = search_reward != 0.0
-        self._state = ComponentsState()
 
     def _golds(self, task: Mapping[str, Any]) -> list[str]:
         g = task.get(self.field) or []
         return [g] if isinstance(g, str) else [str(x) for x in g]
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         golds = self._golds(task)
         last = trajectory.turns[-1] if trajectory.turns else None
         answered = last is not None and not last.calls
@@ -89,11 +87,10 @@ class SearchReward(Reward):
         f1 = f1_score(pred, golds) if answered else 0.0
         fmt = answer_format(last.text) if answered and last is not None else 0.0
         searches = [r for r in trajectory.tool_results if r.call.name == self.tool_name]
-        self._state.set({
+        return Score((em if self.metric == "em" else f1) + self.format_weight * fmt, {
             "em": em, "f1": f1, "format": fmt, "searches": float(len(searches)),
             "search_errors": float(sum(not r.ok for r in searches)),
         })
-        return (em if self.metric == "em" else f1) + self.format_weight * fmt
 
     def _finds_gold(self, turn: Turn, golds: list[str]) -> bool:
         gold = [f" {normalize_answer(g)} " for g in golds if normalize_answer(g)]
@@ -104,18 +101,14 @@ class SearchReward(Reward):
                     return True
         return False
 
-    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         if not self.search_reward:
-            return 0.0
+            return Score(0.0)
         golds = self._golds(task)
         useful = self._finds_gold(turn, golds) and not any(
             self._finds_gold(t, golds) for t in trajectory.turns if t is not turn
         )
-        self._state.set({"useful_search": float(useful)})
-        return self.search_reward if useful else 0.0
-
-    def components(self) -> dict[str, float]:
-        return self._state.get()
+        return Score(self.search_reward if useful else 0.0, {"useful_search": float(useful)})
 
 
 #: how a reader finds each relation in the embedded passages (the sentence templates of :mod:`toolgym.data.geo`)
@@ -194,6 +187,8 @@ def load_tasks(
 
 
 def _local_index(corpus: str | os.PathLike[str], backend: str, limit: int | None) -> BM25Retriever:
+    from toolgym.data.geo import default_retriever
+
     if isinstance(corpus, str) and corpus in ("geo", "default"):
         return default_retriever("default", backend)
     if isinstance(corpus, str) and corpus in ("geo-100k", "100k"):

@@ -1,11 +1,21 @@
-"""Rewards: the async :class:`Reward` protocol, rules, tool verification, an LLM judge, a learned reward model,
-and combinations.
+"""Rewards: the async :class:`Reward` protocol returning a :class:`Score` (value + components), rules, tool
+verification, an LLM judge, a learned reward model, and combinations.
 
 See ``docs/rewards.md``.
 """
 
-from toolgym.rewards.base import FunctionReward, Reward, RewardLike, as_reward
-from toolgym.rewards.combine import Combine, outcome_with_components, score_batch, turn_with_components
+from toolgym.rewards.base import (
+    FunctionReward,
+    Reward,
+    RewardLike,
+    Score,
+    as_reward,
+    outcome_score,
+    outcome_with_components,
+    turn_score,
+    turn_with_components,
+)
+from toolgym.rewards.combine import Combine, score_batch
 from toolgym.rewards.judge import DEFAULT_JUDGE_PROMPT, JudgeErrorKind, JudgeResult, LLMJudge, parse_score
 from toolgym.rewards.reward_model import RewardModelError, RewardModelErrorKind, RewardModelReward
 from toolgym.rewards.rules import (
@@ -41,6 +51,7 @@ __all__ = [
     "RewardModelErrorKind",
     "RewardModelReward",
     "RuleReward",
+    "Score",
     "ToolCallFormat",
     "ToolVerified",
     "answer_format",
@@ -49,9 +60,11 @@ __all__ = [
     "f1_score",
     "normalize_answer",
     "numeric_match",
+    "outcome_score",
     "outcome_with_components",
     "parse_number",
     "parse_score",
     "score_batch",
+    "turn_score",
     "turn_with_components",
 ]

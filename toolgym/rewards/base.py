@@ -1,15 +1,19 @@
-"""The reward protocol.
+"""The reward protocol and its result, :class:`Score`.
 
 A reward scores a finished episode (**outcome**, :meth:`Reward.outcome`) and/or each turn as it happens
 (**process**, :meth:`Reward.turn`). Both are coroutines so judges and tool verifications can run
-concurrently across a batch. Plain callables are accepted everywhere a reward is: see :func:`as_reward`.
+concurrently across a batch, and both return a :class:`Score`: the value plus named sub-scores (components).
+A user's reward may return a plain number instead; :meth:`Score.of` is the one place that turns it into a
+``Score`` (with no components). Plain callables are accepted everywhere a reward is: see :func:`as_reward`.
 """
 
 from __future__ import annotations
 
 import abc
 import inspect
-from collections.abc import Callable, Mapping
+import numbers
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.trajectory import Trajectory, Turn
@@ -18,10 +22,55 @@ __all__ = [
     "FunctionReward",
     "Reward",
     "RewardLike",
+    "Score",
     "as_reward",
+    "outcome_score",
     "outcome_with_components",
+    "turn_score",
     "turn_with_components",
 ]
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a reward returns: ``value`` and named sub-scores.
+
+    Attributes:
+        value: the scalar reward (what the env adds to the step reward).
+        components: ``{name: value}`` sub-scores and failure counters of this one call (e.g. ``exact_match``,
+            ``judge/error/timeout``); the env stores them in ``info["reward_components"]``,
+            ``Turn.reward_components`` and ``Trajectory.reward_components``. Empty when there are none.
+
+    A ``Score`` unpacks as ``value, components = score`` and converts with ``float(score)``.
+    """
+
+    value: float
+    components: Mapping[str, float] = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.value
+        yield dict(self.components)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    @classmethod
+    def of(cls, result: Score | float, reward: object = None) -> Score:
+        """The one coercion of a reward's result: a :class:`Score` as it is (value made a float, components
+        copied); a plain number (``float``, ``int``, ``bool``, numpy scalar, 0-d array) as ``Score(float(x), {})``: no
+        components, exactly as such a reward reported before ``Score`` existed. Anything else is a ``TypeError``
+        naming ``reward``."""
+        if isinstance(result, Score):
+            return cls(float(result.value), dict(result.components))
+        if isinstance(result, numbers.Real):
+            return cls(float(result), {})
+        if not isinstance(result, str | bytes):
+            try:  # a 0-d array or tensor, as ``float(result)`` took them before Score existed
+                return cls(float(result), {})
+            except (TypeError, ValueError):
+                pass
+        who = f" from {reward!r}" if reward is not None else ""
+        raise TypeError(f"a reward must return a Score or a number, got {type(result).__name__}{who}")
 
 
 class Reward(abc.ABC):
@@ -30,36 +79,36 @@ class Reward(abc.ABC):
     Attributes:
         name: the key under which this reward's value appears in ``reward_components`` / metrics.
         per_turn: ``True`` when :meth:`turn` is implemented (the env then calls it after every step).
+
+    Subclasses return a :class:`Score` (or a plain number: see :meth:`Score.of`). Callers that want a
+    ``Score`` whatever the subclass returned use :func:`outcome_score` / :func:`turn_score`.
     """
 
     name: str = "reward"
     per_turn: bool = False
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
-        """Score a finished episode. Default 0."""
-        return 0.0
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score | float:
+        """Score a finished episode. Default ``Score(0.0)``."""
+        return Score(0.0)
 
-    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
-        """Score one turn right after the env answered it (``turn`` is ``trajectory.turns[-1]``). Default 0."""
-        return 0.0
-
-    def components(self) -> dict[str, float]:
-        """Named sub-scores of the last call (e.g. of a :class:`Combine`); default empty."""
-        return {}
+    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score | float:
+        """Score one turn right after the env answered it (``turn`` is ``trajectory.turns[-1]``). Default
+        ``Score(0.0)``."""
+        return Score(0.0)
 
 
 class FunctionReward(Reward):
-    """Wraps ``fn(trajectory, task) -> float`` (sync or async) as an outcome reward."""
+    """Wraps ``fn(trajectory, task) -> Score | float`` (sync or async) as an outcome reward."""
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "reward")
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         out = self.fn(trajectory, task)
         if inspect.isawaitable(out):
             out = await out
-        return float(out)
+        return Score.of(out, self.fn)
 
 
 RewardLike = Reward | Callable[..., Any]
@@ -74,22 +123,16 @@ def as_reward(obj: RewardLike | None) -> Reward | None:
     raise TypeError(f"not a reward: {obj!r}")
 
 
-async def outcome_with_components(
-    reward: Reward, trajectory: Trajectory, task: Mapping[str, Any]
-) -> tuple[float, dict[str, float]]:
-    """``(reward.outcome(...), reward.components())`` read in one task.
-
-    A reward object is shared by a whole batch, so the components of one call live in the context of the task
-    that made it. Call this (e.g. through ``runtime.run_async``) rather than reading ``components()`` from
-    another task.
-    """
-    value = float(await reward.outcome(trajectory, task))
-    return value, reward.components()
+async def outcome_score(reward: Reward, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
+    """``reward.outcome(...)`` as a :class:`Score` (a plain number coerced by :meth:`Score.of`)."""
+    return Score.of(await reward.outcome(trajectory, task), reward)
 
 
-async def turn_with_components(
-    reward: Reward, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]
-) -> tuple[float, dict[str, float]]:
-    """``(reward.turn(...), reward.components())`` read in one task (see :func:`outcome_with_components`)."""
-    value = float(await reward.turn(turn, trajectory, task))
-    return value, reward.components()
+async def turn_score(reward: Reward, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
+    """``reward.turn(...)`` as a :class:`Score` (a plain number coerced by :meth:`Score.of`)."""
+    return Score.of(await reward.turn(turn, trajectory, task), reward)
+
+
+#: the names these helpers had when components travelled beside the value; a Score unpacks as ``(value, components)``
+outcome_with_components = outcome_score
+turn_with_components = turn_score

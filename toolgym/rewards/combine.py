@@ -5,7 +5,7 @@
 * ``outcome`` runs every child's ``outcome`` concurrently and returns ``sum(weight * value)``;
 * ``turn`` runs every ``per_turn`` child's ``turn`` concurrently and returns ``sum(weight * value)`` — so a
   per-turn reward contributes once per turn and its turn scores add up in ``trajectory.reward``;
-* ``components()`` (read right after the call, in the same task) holds each child's **unweighted** value under
+* the :class:`~toolgym.rewards.base.Score` each returns has as components each child's **unweighted** value under
   the child's name plus every component the child reported itself (e.g. ``judge/error/timeout``).
 """
 
@@ -15,11 +15,10 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from toolgym.rewards._state import ComponentsState
-from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_with_components, turn_with_components
+from toolgym.rewards.base import Reward, RewardLike, Score, as_reward, outcome_score, turn_score
 from toolgym.trajectory import Trajectory, Turn
 
-__all__ = ["Combine", "outcome_with_components", "score_batch", "turn_with_components"]
+__all__ = ["Combine", "score_batch"]
 
 
 class Combine(Reward):
@@ -52,40 +51,36 @@ class Combine(Reward):
             self.children.append((label, r, float(weight)))
         self.name = name
         self.per_turn = any(r.per_turn for _, r, _ in self.children)
-        self._state = ComponentsState()
 
     @property
     def weights(self) -> dict[str, float]:
         return {label: w for label, _, w in self.children}
 
-    def _merge(self, labels: list[str], results: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    @staticmethod
+    def _merge(kids: list[tuple[str, Reward, float]], scores: list[Score]) -> Score:
+        """``sum(weight * value)``; components: each child's unweighted value under its label, then the child's
+        own components (a name already taken gets the child's label as prefix)."""
         comps: dict[str, float] = {}
-        for label, (value, child) in zip(labels, results, strict=True):
-            comps[label] = value
-            for k, v in child.items():
+        for (label, _, _), child in zip(kids, scores, strict=True):
+            comps[label] = child.value
+            for k, v in child.components.items():
                 comps[k if k not in comps else f"{label}/{k}"] = v
-        return comps
+        return Score(float(sum(w * s.value for (_, _, w), s in zip(kids, scores, strict=True))), comps)
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         kids = [(label, r, w) for label, r, w in self.children if type(r).outcome is not Reward.outcome]
-        results = await asyncio.gather(*(outcome_with_components(r, trajectory, task) for _, r, _ in kids))
-        self._state.set(self._merge([k[0] for k in kids], list(results)))
-        return sum(w * v for (_, _, w), (v, _) in zip(kids, results, strict=True))
+        return self._merge(kids, list(await asyncio.gather(*(outcome_score(r, trajectory, task) for _, r, _ in kids))))
 
-    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         kids = [(label, r, w) for label, r, w in self.children if r.per_turn]
-        results = await asyncio.gather(*(turn_with_components(r, turn, trajectory, task) for _, r, _ in kids))
-        self._state.set(self._merge([k[0] for k in kids], list(results)))
-        return sum(w * v for (_, _, w), (v, _) in zip(kids, results, strict=True))
-
-    def components(self) -> dict[str, float]:
-        return self._state.get()
+        return self._merge(kids, list(await asyncio.gather(*(turn_score(r, turn, trajectory, task) for _, r, _ in kids))))
 
 
 async def score_batch(
     reward: RewardLike, trajectories: Sequence[Trajectory], tasks: Iterable[Mapping[str, Any]] | None = None
-) -> list[tuple[float, dict[str, float]]]:
-    """Score many finished trajectories concurrently: one ``(outcome value, components)`` per trajectory.
+) -> list[Score]:
+    """Score many finished trajectories concurrently: one outcome :class:`Score` per trajectory (it unpacks as
+    ``(value, components)``).
 
     ``tasks`` defaults to each trajectory's own ``task``. Does not modify the trajectories.
     """
@@ -95,4 +90,4 @@ async def score_batch(
     task_list = [t.task for t in trajectories] if tasks is None else list(tasks)
     if len(task_list) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories but {len(task_list)} tasks")
-    return list(await asyncio.gather(*(outcome_with_components(r, t, k) for t, k in zip(trajectories, task_list, strict=True))))
+    return list(await asyncio.gather(*(outcome_score(r, t, k) for t, k in zip(trajectories, task_list, strict=True))))

@@ -33,7 +33,6 @@ import json
 import re
 import string
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,8 +41,8 @@ from typing import Any
 
 import aiohttp
 
-from toolgym.rewards._state import ComponentsState
-from toolgym.rewards.base import Reward
+from toolgym.rewards.base import Reward, Score
+from toolgym.rewards.loop_clients import PerLoop, client_session
 from toolgym.trajectory import Trajectory
 
 __all__ = ["DEFAULT_JUDGE_PROMPT", "JudgeErrorKind", "JudgeResult", "LLMJudge", "parse_score"]
@@ -173,10 +172,7 @@ class _LoopState:
     """Loop-bound resources: an aiohttp session, the concurrency semaphore, in-flight request futures."""
 
     def __init__(self, max_concurrency: int, api_key: str | None) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self.session = aiohttp.ClientSession(
-            headers=headers, connector=aiohttp.TCPConnector(limit=max(max_concurrency, 1) * 2)
-        )
+        self.session: aiohttp.ClientSession = client_session(api_key, limit=max(max_concurrency, 1) * 2)
         self.sem = asyncio.Semaphore(max_concurrency)
         self.pending: dict[str, asyncio.Future[JudgeResult]] = {}
 
@@ -272,8 +268,7 @@ class LLMJudge(Reward):
         self.name = name
         self._cache: OrderedDict[str, JudgeResult] = OrderedDict()
         self._rr = itertools.count()
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-        self._state = ComponentsState()
+        self._clients: PerLoop[_LoopState] = PerLoop(lambda: _LoopState(self.max_concurrency, self.api_key))
         self.counts: dict[str, int] = {"judgements": 0, "cache_hits": 0, "http_attempts": 0, "failed": 0}
         self.failures: dict[str, int] = {}
 
@@ -313,7 +308,7 @@ class LLMJudge(Reward):
         return body
 
     # ----------------------------------------------------------------------------------------------- reward
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         try:
             messages = self.render(self.template_fields(trajectory, task))
         except (KeyError, IndexError, ValueError, AttributeError) as e:
@@ -323,26 +318,17 @@ class LLMJudge(Reward):
             result = await self.judge(messages)
         return self._finish(result)
 
-    def _finish(self, result: JudgeResult) -> float:
+    def _finish(self, result: JudgeResult) -> Score:
         if result.ok:
-            self._state.set({f"{self.name}/cached": float(result.cached)})
             assert result.score is not None
-            return result.score
+            return Score(float(result.score), {f"{self.name}/cached": float(result.cached)})
         assert result.error is not None
-        self._state.set({f"{self.name}/failed": 1.0, f"{self.name}/error/{result.error.value}": 1.0})
-        return float(self.failure_score)
-
-    def components(self) -> dict[str, float]:
-        return self._state.get()
+        return Score(float(self.failure_score), {f"{self.name}/failed": 1.0, f"{self.name}/error/{result.error.value}": 1.0})
 
     # ----------------------------------------------------------------------------------------------- client
     def _loop_state(self) -> _LoopState:
-        loop = asyncio.get_running_loop()
-        st = self._loops.get(loop)
-        if st is None or st.session.closed:
-            st = _LoopState(self.max_concurrency, self.api_key)
-            self._loops[loop] = st
-        return st
+        st = self._clients.get()
+        return self._clients.renew() if st.session.closed else st
 
     def _key(self, body: Mapping[str, Any]) -> str:
         return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
@@ -488,10 +474,4 @@ class LLMJudge(Reward):
 
     async def aclose(self) -> None:
         """Close this loop's HTTP session (others close when their loop is garbage-collected)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        st = self._loops.pop(loop, None)
-        if st is not None and not st.session.closed:
-            await st.session.close()
+        await self._clients.aclose()

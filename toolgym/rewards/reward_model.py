@@ -30,7 +30,6 @@ import asyncio
 import json
 import math
 import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -38,8 +37,8 @@ from typing import Any
 
 import aiohttp
 
-from toolgym.rewards._state import ComponentsState
-from toolgym.rewards.base import Reward
+from toolgym.rewards.base import Reward, Score
+from toolgym.rewards.loop_clients import PerLoop, client_session
 from toolgym.trajectory import Trajectory, Turn
 
 __all__ = ["RewardModelError", "RewardModelErrorKind", "RewardModelReward"]
@@ -150,43 +149,35 @@ class RewardModelReward(Reward):
         self._load_error: RewardModelError | None = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
-        self._state = ComponentsState()
+        self._clients: PerLoop[_LoopState] = PerLoop(_LoopState)
         self.counts: dict[str, int] = {"scored": 0, "batches": 0, "failed": 0}
         self.failures: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------------------- reward
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         if not self.score_outcome:
-            return 0.0
+            return Score(0.0)
         return await self._scored(list(trajectory.prompt_ids) + list(trajectory.completion_ids))
 
-    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         if not self.per_turn:
-            return 0.0
+            return Score(0.0)
         end = min(len(trajectory.completion_ids), max(turn.action_end, turn.obs_end))
         return await self._scored(list(trajectory.prompt_ids) + list(trajectory.completion_ids[:end]))
 
-    def components(self) -> dict[str, float]:
-        return self._state.get()
-
-    async def _scored(self, ids: list[int]) -> float:
+    async def _scored(self, ids: list[int]) -> Score:
         try:
             value = await self.score_ids(ids)
         except RewardModelError as e:
-            self._state.set({f"{self.name}/failed": 1.0, f"{self.name}/error/{e.kind.value}": 1.0})
-            return float(self.failure_score)
-        self._state.set({})
-        return value
+            return Score(float(self.failure_score), {f"{self.name}/failed": 1.0, f"{self.name}/error/{e.kind.value}": 1.0})
+        return Score(value)
 
     async def score_ids(self, ids: Sequence[int]) -> float:
         """The score of one token sequence (joins the current micro-batch); raises :class:`RewardModelError`."""
         if self.max_length is not None and len(ids) > self.max_length:
             ids = ids[len(ids) - self.max_length:]
         loop = asyncio.get_running_loop()
-        st = self._loops.get(loop)
-        if st is None:
-            st = self._loops[loop] = _LoopState()
+        st = self._clients.get()
         fut: asyncio.Future[float] = loop.create_future()
         st.pending.append(_Pending([int(x) for x in ids], fut))
         if st.flusher is None or st.flusher.done():
@@ -294,8 +285,7 @@ class RewardModelReward(Reward):
     # ----------------------------------------------------------------------------------------------- remote
     async def _post(self, seqs: list[list[int]], st: _LoopState) -> list[float]:
         if st.session is None or st.session.closed:
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-            st.session = aiohttp.ClientSession(headers=headers)
+            st.session = client_session(self.api_key)
         body: dict[str, Any] = {"input": seqs}
         if self.model_name is not None:
             body["model"] = self.model_name
@@ -343,10 +333,4 @@ class RewardModelReward(Reward):
 
     async def aclose(self) -> None:
         """Close this loop's HTTP session."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        st = self._loops.pop(loop, None)
-        if st is not None and st.session is not None and not st.session.closed:
-            await st.session.close()
+        await self._clients.aclose()

@@ -24,8 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from toolgym.rewards._state import ComponentsState
-from toolgym.rewards.base import Reward
+from toolgym.rewards.base import Reward, Score
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory, Turn
 
@@ -192,18 +191,11 @@ class RuleReward(Reward):
         self.name = name or getattr(fn, "__name__", "rule")
         self.prediction = prediction or (lambda t: t.answer)
         self.missing_gold = missing_gold
-        self._state = ComponentsState()
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         if self.field not in task:
-            self._state.set({f"{self.name}/missing_gold": 1.0})
-            return float(self.missing_gold)
-        value = float(self.fn(self.prediction(trajectory), task[self.field]))
-        self._state.set({})
-        return value
-
-    def components(self) -> dict[str, float]:
-        return self._state.get()
+            return Score(float(self.missing_gold), {f"{self.name}/missing_gold": 1.0})
+        return Score(float(self.fn(self.prediction(trajectory), task[self.field])))
 
 
 class ExactMatch(RuleReward):
@@ -247,9 +239,9 @@ class AnswerFormat(Reward):
         self.value = value
         self.name = name
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         text = trajectory.turns[-1].text if trajectory.turns else ""
-        return self.value * answer_format(text)
+        return Score(float(self.value * answer_format(text)))
 
 
 DEFAULT_ERROR_PENALTIES: dict[str, float] = {
@@ -287,7 +279,6 @@ class ToolCallFormat(Reward):
         self.no_call = no_call
         self.default_penalty = default_penalty
         self.name = name
-        self._state = ComponentsState()
 
     def score_turn(self, turn: Turn) -> tuple[float, dict[str, float]]:
         """The turn's score and its error-kind counts (a pure function of the turn)."""
@@ -302,10 +293,6 @@ class ToolCallFormat(Reward):
         score = sum(self.penalties.get(k, self.default_penalty) * n for k, n in counts.items())
         return score, {f"{self.name}/{k}": float(n) for k, n in counts.items()}
 
-    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         score, comps = self.score_turn(turn)
-        self._state.set(comps)
-        return score
-
-    def components(self) -> dict[str, float]:
-        return self._state.get()
+        return Score(float(score), comps)

@@ -17,8 +17,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from toolgym.rewards._state import ComponentsState
-from toolgym.rewards.base import Reward
+from toolgym.rewards.base import Reward, Score
 from toolgym.tools.base import Tool, ToolError, ToolErrorKind
 from toolgym.trajectory import Trajectory
 
@@ -58,7 +57,6 @@ class ToolVerified(Reward):
         self.max_concurrency = max_concurrency
         self._sem: asyncio.Semaphore | None = None
         self._sem_loop: asyncio.AbstractEventLoop | None = None
-        self._state = ComponentsState()
         self.failures: dict[str, int] = {}
 
     def _semaphore(self) -> asyncio.Semaphore | None:
@@ -80,11 +78,12 @@ class ToolVerified(Reward):
                 out = await out
         return float(out)
 
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
+    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         return await self.check(self.prediction(trajectory), task)
 
-    async def check(self, prediction: Any, task: Mapping[str, Any]) -> float:
-        """Verify one prediction directly (no trajectory needed); sets this task's components."""
+    async def check(self, prediction: Any, task: Mapping[str, Any]) -> Score:
+        """Verify one prediction directly (no trajectory needed): its :class:`Score`, with the component
+        ``<name>/error/<kind> = 1`` when the verification itself failed."""
         sem = self._semaphore()
         kind: str | None = None
         try:
@@ -105,13 +104,8 @@ class ToolVerified(Reward):
             kind = ToolErrorKind.EXCEPTION.value
         if kind is not None:
             self.failures[kind] = self.failures.get(kind, 0) + 1
-            self._state.set({f"{self.name}/error/{kind}": 1.0})
-            return float(self.failure_score)
-        self._state.set({})
-        return value
-
-    def components(self) -> dict[str, float]:
-        return self._state.get()
+            return Score(float(self.failure_score), {f"{self.name}/error/{kind}": 1.0})
+        return Score(value)
 
     @classmethod
     def compare_tool(

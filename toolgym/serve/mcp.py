@@ -54,7 +54,8 @@ TOOLSETS: dict[str, str] = {
 # -- built-in factories (lazy imports: a missing module is a clear error only when asked for) -------
 def search_toolset() -> Tool:
     """The Search-v0 ``search`` tool over the embedded BM25 index."""
-    from toolgym.tools.search import SearchTool, default_retriever
+    from toolgym.data.geo import default_retriever
+    from toolgym.tools.search import SearchTool
 
     return SearchTool(default_retriever())
 

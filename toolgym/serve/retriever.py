@@ -141,7 +141,7 @@ def build_retriever(corpus: str = "geo", *, backend: str = "auto", limit: int | 
     """A BM25 index over ``corpus``: ``"geo"`` (embedded GeoNames), ``"geo-100k"`` (with synthetic passages), or a
     path to a Search-R1 corpus JSONL (``{"id", "contents"}`` per line; ``limit`` keeps the first N)."""
     if corpus in ("geo", "geo-100k"):
-        from toolgym.tools.search import default_retriever
+        from toolgym.data.geo import default_retriever
 
         return default_retriever("100k" if corpus == "geo-100k" else "default", backend=backend)
     from toolgym.data.search_r1 import load_corpus

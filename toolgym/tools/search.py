@@ -37,7 +37,6 @@ __all__ = [
     "RemoteRetriever",
     "Retriever",
     "SearchTool",
-    "default_retriever",
     "format_docs",
     "numba_available",
 ]
@@ -310,27 +309,6 @@ class BM25Retriever:
     def shutdown(self) -> None:
         """Stop the worker thread (the retriever is unusable afterwards)."""
         self._pool.shutdown(wait=False)
-
-
-_DEFAULT: dict[tuple[str, str], BM25Retriever] = {}
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_retriever(size: str = "default", backend: str = "auto") -> BM25Retriever:
-    """The process-wide BM25 index over the embedded GeoNames corpus (built once, warmed, then shared).
-
-    Args:
-        size: ``"default"`` (~34k passages) or ``"100k"`` (with synthetic passages; see ``toolgym.data.geo``).
-        backend: as in :class:`BM25Retriever`.
-    """
-    from toolgym.data.geo import geo_corpus
-
-    key = (size, backend)
-    with _DEFAULT_LOCK:
-        r = _DEFAULT.get(key)
-        if r is None:
-            r = _DEFAULT[key] = BM25Retriever(geo_corpus(size), backend=backend)
-        return r
 
 
 # -- remote -------------------------------------------------------------------------------------------
