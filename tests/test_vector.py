@@ -269,3 +269,32 @@ def test_every_sub_env_gets_the_shared_executor_explicitly():
         ToolVectorEnv(lambda **kw: ToolEnv(TASKS, [slow]), num_envs=2)  # env_fn drops executor=
     with pytest.raises(TypeError, match="must build a ToolEnv"):
         ToolVectorEnv(lambda **kw: gym.make("CartPole-v1"), num_envs=1)
+
+
+class CountingBonus(Bonus):
+    """:class:`Bonus` that counts the steps that went through it (shared across sub-envs)."""
+
+    steps = 0
+
+    def step(self, action):
+        CountingBonus.steps += 1
+        return super().step(action)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_both_driver_schedules_step_through_the_wrappers(schedule):
+    """The rollout driver's per-episode (continuous) path steps each sub-env through its wrappers, as lock-step
+    ``venv.step`` does: every turn of every episode reaches the wrapper."""
+    from toolgym.rollout import RolloutDriver, ScriptedPolicy
+
+    def script(state):
+        return call_text(state.index) if state.turn == 0 else f"<answer>{state.index}</answer>"
+
+    n = 4
+    envs = ToolVectorEnv(functools.partial(_wrapped, CountingBonus), num_envs=n, autoreset_mode=AutoresetMode.DISABLED)
+    CountingBonus.steps = 0
+    trajs = RolloutDriver(envs, ScriptedPolicy(script), schedule=schedule, max_turn_tokens=64).run(TASKS[:6], seeds=0)
+    assert len(trajs) == 6 and all(len(t.turns) == 2 for t in trajs)
+    assert CountingBonus.steps == sum(len(t.turns) for t in trajs) == 12
+    envs.close()

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from toolgym import runtime
 from toolgym.batching import MicroBatcher
 from toolgym.rollout.types import EpisodeState, Generation, GenerationRequest, Policy, RolloutStats
 from toolgym.trajectory import Trajectory, write_trajectories
@@ -308,7 +307,8 @@ class RolloutDriver:
                 while True:
                     g = await generate(self._request(j, k, rows[k] or env.task))
                     lps.append(g.logprobs)
-                    _, _, te, tr, _ = await runtime.run_async(env.astep(np.asarray(g.token_ids, dtype=np.int64)))
+                    # through the sub-env's wrappers, like the lock-step path's venv.step
+                    _, _, te, tr, _ = await self.venv.astep_env(j, np.asarray(g.token_ids, dtype=np.int64))
                     self._stepped(env.trajectory)
                     if te or tr:
                         break
