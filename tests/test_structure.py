@@ -7,7 +7,9 @@ violation; the tests fail on any):
 3. no private name imported across packages: ``from a.b import _x``, ``import a._b`` or ``from a._b import x`` is
    allowed only from a module in the same package (directory) as the private module or name;
 4. dependencies point one way: ``toolgym`` never imports ``trainers``, TRL, vLLM, MLflow or DeepSpeed; tools never
-   import data, envs, rewards, rollout, serve, eval or the CLI; data never imports envs, rollout or the CLI.
+   import data, envs, rewards, rollout, serve, eval or the CLI; data never imports envs, rollout or the CLI;
+5. the layers of :data:`LAYERS` (the package map in ``docs/concepts.md``): a module imports only its own layer
+   or the layers above it (``toolgym/__init__.py``, the public API, is exempt).
 
 The import graph is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot be fooled
 by import-time side effects.
@@ -31,6 +33,25 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("toolgym.tools", ("toolgym.data", "toolgym.envs", "toolgym.rewards", "toolgym.rollout", "toolgym.serve",
                        "toolgym.eval", "toolgym.cli", "toolgym.vector")),
     ("toolgym.data", ("toolgym.envs", "toolgym.rollout", "toolgym.cli", "toolgym.eval", "toolgym.vector")),
+)
+
+#: rule 5: the layers, top (imported by everything below) to bottom; a module may import only its own layer or one
+#: above it. Same order as the package map in docs/concepts.md.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching"),
+    ("toolgym.models",),
+    ("toolgym.tools",),
+    ("toolgym.trajectory",),
+    ("toolgym.format",),
+    ("toolgym.rewards",),
+    ("toolgym.data",),
+    ("toolgym.envs", "toolgym.vector"),
+    ("toolgym.rollout",),
+    ("toolgym.tasks", "toolgym.eval"),
+    ("toolgym.serve",),
+    ("toolgym.viewer", "toolgym.plots"),
+    ("toolgym.cli", "toolgym.cli_common", "toolgym.cli_eval", "toolgym.cli_bench", "toolgym.cli_view"),
+    ("trainers",),
 )
 
 
@@ -217,6 +238,32 @@ def forbidden_imports(files: dict[str, Path] | None = None) -> list[str]:
     return out
 
 
+def layer(module: str) -> int | None:
+    """The index in :data:`LAYERS` of ``module`` (its longest matching prefix), or None."""
+    best: tuple[int, int] | None = None
+    for i, names in enumerate(LAYERS):
+        for p in names:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def layering(files: dict[str, Path] | None = None) -> list[str]:
+    """Imports that point down :data:`LAYERS` (and modules of ours in no layer)."""
+    files = files if files is not None else modules()
+    out = []
+    for imp in imports(files):
+        t = _own(imp.target, files)
+        if t is None or imp.source in PACKAGES or t in PACKAGES:
+            continue
+        a, b = layer(imp.source), layer(t)
+        if a is None or b is None:
+            out.append(f"{files[imp.source].relative_to(ROOT)}: {imp.source if a is None else t} is in no layer")
+        elif b > a:
+            out.append(f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports {t}, a lower layer")
+    return sorted(set(out))
+
+
 def test_no_file_over_max_lines() -> None:
     assert long_files() == []
 
@@ -231,6 +278,10 @@ def test_no_private_imports_across_packages() -> None:
 
 def test_dependencies_point_one_way() -> None:
     assert forbidden_imports() == []
+
+
+def test_imports_follow_the_layers() -> None:
+    assert layering() == []
 
 
 def test_checker_sees_violations(tmp_path: Path) -> None:
@@ -249,11 +300,14 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
         assert cycles(files) == [["pkg.a", "pkg.sub.b"]]
         assert len(private_imports(files)) == 1 and "_hidden" in private_imports(files)[0]
         assert len(long_files(files)) == 1
+        assert layer("toolgym.tools.sandbox.pool") == LAYERS.index(("toolgym.tools",))
+        assert layer("toolgym.cli_eval") == layer("toolgym.cli") and layer("trainers.dpo") == len(LAYERS) - 1
     finally:
         ROOT = old
 
 
 if __name__ == "__main__":
-    problems = long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
+    problems = (long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
+                + layering())
     print("\n".join(problems) or "structure ok")
     sys.exit(1 if problems else 0)
