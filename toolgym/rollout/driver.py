@@ -203,9 +203,9 @@ class RolloutDriver:
         done: list[Trajectory | None] = [None] * len(rows)  # filled as episodes finish
         try:
             if self.schedule == "lockstep":
-                out = await self._lockstep(rows, seed_list, bar, done)
+                out = await self._lockstep(rows, seed_list, done)
             else:
-                out = await self._continuous(rows, seed_list, bar, done)
+                out = await self._continuous(rows, seed_list, done)
         except BaseException:
             # a failure of the run itself (the policy, a reset) still keeps the episodes that finished: they are
             # written before the error propagates (tool and env faults never get here: they end only their episode)
@@ -226,7 +226,7 @@ class RolloutDriver:
 
     # -- lock-step --------------------------------------------------------------------------------
     async def _lockstep(
-        self, rows: list[dict[str, Any] | None], seeds: list[int | None], bar: Any, out: list[Trajectory | None]
+        self, rows: list[dict[str, Any] | None], seeds: list[int | None], out: list[Trajectory | None]
     ) -> list[Trajectory]:
         n = self.num_envs
         waves = max(1, math.ceil(len(rows) / n)) if rows else 0
@@ -271,7 +271,7 @@ class RolloutDriver:
 
     # -- continuous -------------------------------------------------------------------------------
     async def _continuous(
-        self, rows: list[dict[str, Any] | None], seeds: list[int | None], bar: Any, out: list[Trajectory | None]
+        self, rows: list[dict[str, Any] | None], seeds: list[int | None], out: list[Trajectory | None]
     ) -> list[Trajectory]:
         if self.sync_fn is not None:
             raise ValueError("the continuous schedule cannot agree on call counts across ranks: use 'lockstep'")

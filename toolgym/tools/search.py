@@ -256,7 +256,6 @@ class BM25Retriever:
         self._bm25 = bm25s.BM25(k1=k1, b=b, method=method, backend=backend)
         self._bm25.index(tok, show_progress=False)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
-        self._batch_window_s, self._max_batch = batch_window_s, max_batch
         self._batchers = _PerLoop(lambda: _query_batcher(self._abatch_in_pool, batch_window_s, max_batch))
         if warm:
             self.batch_search([self.passages[0].title or self.passages[0].text[:40]], 1)

@@ -297,20 +297,16 @@ class ModelServer:
     def _token_str(self, tid: int, as_ids: bool) -> str:
         return f"token_id:{tid}" if as_ids else self.tok.decode([tid])
 
-    def _text(self, s: _Seq) -> str:
+    def _text(self, s: _Seq, *, skip_special_tokens: bool | None = None) -> str:
+        """The sampled text (the cut one when a stop string ended it), without the final stop / eos token (it is
+        in ``token_ids``, not in the text); ``skip_special_tokens``: the request's setting unless given."""
         if s.text is not None:
             return s.text
         ids = s.out_ids
         if s.finish_reason == "stop" and ids and (ids[-1] in s.params.stop_token_ids or ids[-1] in self.engine.eos_ids):
-            ids = ids[:-1]  # the stop token is in token_ids, not in the text
-        return self.tok.decode(ids, skip_special_tokens=s.params.skip_special_tokens)
-
-    def _raw_text(self, s: _Seq) -> str:
-        """The sampled text with special tokens kept (what a tool-call parser reads), final stop token cut."""
-        ids = s.out_ids
-        if s.finish_reason == "stop" and ids and (ids[-1] in s.params.stop_token_ids or ids[-1] in self.engine.eos_ids):
             ids = ids[:-1]
-        return s.text if s.text is not None else self.tok.decode(ids, skip_special_tokens=False)
+        skip = s.params.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
+        return self.tok.decode(ids, skip_special_tokens=skip)
 
     def _tool_mode(self, body: dict[str, Any], tools: list[Any] | None) -> bool:
         """Whether to parse tool calls out of this chat request's output (``tools`` + ``tool_choice``)."""
@@ -481,7 +477,7 @@ class ModelServer:
                 lp = {"content": content}
             message: dict[str, Any] = {"role": "assistant", "content": self._text(s), "tool_calls": []}
             finish = s.finish_reason
-            parsed = tool_calls_from_text(self._raw_text(s), self.tool_parser) if parse_calls else None
+            parsed = tool_calls_from_text(self._text(s, skip_special_tokens=False), self.tool_parser) if parse_calls else None
             if parsed is not None:
                 message["content"], message["tool_calls"] = parsed
                 finish = "tool_calls"
