@@ -366,6 +366,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_http_fault_server(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return proc, port
+
+
 @pytest.fixture(params=["stdio", "http"])
 def fault_server(request, tmp_path):
     env = {"FAULT_SERVER_MARKER_DIR": str(tmp_path)}
@@ -373,15 +386,7 @@ def fault_server(request, tmp_path):
     if request.param == "stdio":
         cfg = {"command": sys.executable, "args": [FAULT_SERVER], "stderr": "devnull", "env": env}
     else:
-        port = _free_port()
-        proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
-                                stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+        proc, port = _start_http_fault_server(env)
         cfg = {"url": f"http://127.0.0.1:{port}/mcp"}
     ts = MCPToolset({"mcpServers": {"fault": cfg}}, backoff_s=0.05)
     tools = ts.connect()
@@ -482,19 +487,6 @@ def test_hung_stdio_server_is_restarted_after_consecutive_timeouts(tmp_path) -> 
     finally:
         ts.close()
     assert children() <= before
-
-
-def _start_http_fault_server(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
-                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    return proc, port
 
 
 @pytest.mark.timeout(180)
