@@ -67,8 +67,8 @@ class ToolCache:
         self.hits = 0
         self.misses = 0
         if self.path is not None and self.read and self.path.exists():
-            for _, row in iter_jsonl(self.path):
-                self._data[(row["tool"], row["arguments"])] = row["content"]
+            for _, row in iter_jsonl(self.path):  # a log written elsewhere may carry "\ud800" escapes
+                self._data[(row["tool"], row["arguments"])] = safe_text(row["content"])
 
     def get(self, name: str, arguments: dict[str, Any]) -> str | None:
         if not self.read:
