@@ -23,7 +23,16 @@ import jsonschema
 import numpy as np
 
 from toolgym.jsonl import iter_jsonl, write_jsonl
-from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult, canonical_arguments, error_text
+from toolgym.tools.base import (
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolErrorKind,
+    ToolResult,
+    canonical_arguments,
+    error_text,
+    text_of,
+)
 
 __all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor", "safe_text"]
 
@@ -36,11 +45,6 @@ def safe_text(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
-
-
-def text_of(out: Any) -> str:
-    """The text of a tool's return value: ``str`` as is, anything else through ``str()``."""
-    return out if isinstance(out, str) else str(out)
 
 
 class ToolCache:
