@@ -202,6 +202,23 @@ async def test_replayed_content_is_encodable_text(tmp_path):
     r.content.encode("utf-8")
 
 
+async def test_an_error_message_is_encodable_text():
+    """A tool's error message carrying a lone surrogate (echoed from the model's JSON) is made encodable."""
+
+    @tool
+    def fails(text: str) -> str:
+        """Fail with the text.
+
+        Args:
+            text: what to complain about
+        """
+        raise ValueError(f"bad {text}")
+
+    r = await ToolExecutor([fails]).run(ToolCall("fails", {"text": "\ud800"}))
+    assert r.error_kind is ToolErrorKind.EXCEPTION and r.content == "Error (exception): ValueError: bad \\ud800"
+    r.content.encode("utf-8")
+
+
 def test_duplicate_tool_names_are_rejected():
     with pytest.raises(ValueError, match="duplicate tool name"):
         ToolExecutor([add, tool(add.fn)])

@@ -217,8 +217,6 @@ class ToolExecutor:
             raise
         except BaseException as e:  # noqa: BLE001 - a bug of ours (or a cache/validator failure) is still an answer
             result = self._fail(call, ToolErrorKind.EXCEPTION, f"internal error: {type(e).__name__}: {e}")
-        if result.error_kind is not None:  # successful outputs were made safe in _run (one pass over megabytes)
-            result.content = safe_text(result.content)
         m = self.metrics
         m.calls[call.name or "<unparsed>"] += 1
         if result.error_kind is not None:
@@ -230,7 +228,8 @@ class ToolExecutor:
         return result
 
     def _fail(self, call: ToolCall, kind: ToolErrorKind, message: str, **kw: Any) -> ToolResult:
-        return ToolResult(call, error_text(kind, message), kind, **kw)
+        # every error result is built here (a success's text is made safe in _run, a cache hit's at load)
+        return ToolResult(call, safe_text(error_text(kind, message)), kind, **kw)
 
     async def _run(self, call: ToolCall) -> ToolResult:
         if call.parse_error is not None:
