@@ -1,8 +1,10 @@
-"""Process helpers shared by the tests that check no server or worker process is left behind."""
+"""Process and port helpers shared by the tests that start servers and check no server or worker process is left
+behind."""
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 
@@ -18,3 +20,19 @@ def children() -> set[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == me:
                 out.add(int(d))
     return out
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (from /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -191,6 +191,34 @@ async def test_cache_records_then_replays_by_canonical_arguments(tmp_path):
     assert a.content == b.content and b.cached and mem.metrics.cache_hits == 1
 
 
+async def test_replayed_content_is_encodable_text(tmp_path):
+    """A replay log written elsewhere may hold a lone surrogate ("\\ud800" in its JSON): a hit is still
+    encodable text, as every result is."""
+    log = tmp_path / "tools.jsonl"
+    log.write_text('{"tool": "add", "arguments": "{\\"a\\":1,\\"b\\":2}", "content": "bad \\ud800"}\n')
+    rep = ToolExecutor([add], cache=ToolCache(log, write=False, strict=True))
+    r = await rep.run(ToolCall("add", {"a": 1, "b": 2}))
+    assert r.cached and r.error_kind is None and r.content == "bad \\ud800"
+    r.content.encode("utf-8")
+
+
+async def test_an_error_message_is_encodable_text():
+    """A tool's error message carrying a lone surrogate (echoed from the model's JSON) is made encodable."""
+
+    @tool
+    def fails(text: str) -> str:
+        """Fail with the text.
+
+        Args:
+            text: what to complain about
+        """
+        raise ValueError(f"bad {text}")
+
+    r = await ToolExecutor([fails]).run(ToolCall("fails", {"text": "\ud800"}))
+    assert r.error_kind is ToolErrorKind.EXCEPTION and r.content == "Error (exception): ValueError: bad \\ud800"
+    r.content.encode("utf-8")
+
+
 def test_duplicate_tool_names_are_rejected():
     with pytest.raises(ValueError, match="duplicate tool name"):
         ToolExecutor([add, tool(add.fn)])

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.procs import children
+from tests.procs import alive, children, free_port
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
 from toolgym.models import load_tokenizer
@@ -358,12 +358,17 @@ def test_huge_result_costs_what_a_short_one_does(tokenizer) -> None:
 
 
 # -- MCP: poisoning, in-flight retries, hung servers -------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _start_http_fault_server(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
+                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return proc, port
 
 
 @pytest.fixture(params=["stdio", "http"])
@@ -373,15 +378,7 @@ def fault_server(request, tmp_path):
     if request.param == "stdio":
         cfg = {"command": sys.executable, "args": [FAULT_SERVER], "stderr": "devnull", "env": env}
     else:
-        port = _free_port()
-        proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
-                                stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+        proc, port = _start_http_fault_server(env)
         cfg = {"url": f"http://127.0.0.1:{port}/mcp"}
     ts = MCPToolset({"mcpServers": {"fault": cfg}}, backoff_s=0.05)
     tools = ts.connect()
@@ -476,25 +473,12 @@ def test_hung_stdio_server_is_restarted_after_consecutive_timeouts(tmp_path) -> 
         pid0 = runtime.run_sync(go())
         assert conn.hung_restarts == 1
         deadline = time.monotonic() + 15
-        while Path(f"/proc/{pid0}").exists() and time.monotonic() < deadline:
+        while alive(pid0) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not Path(f"/proc/{pid0}/stat").exists() or " Z " in Path(f"/proc/{pid0}/stat").read_text()
+        assert not alive(pid0)
     finally:
         ts.close()
     assert children() <= before
-
-
-def _start_http_fault_server(env: dict[str, str]) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, FAULT_SERVER, "--http", str(port)], env={**os.environ, **env},
-                            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    return proc, port
 
 
 @pytest.mark.timeout(180)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import toolgym  # noqa: F401 - registers the envs
-from tests.procs import children
+from tests.procs import alive, children, free_port
 from toolgym.format.parsers import get_parser
 from toolgym.runtime import run_sync
 from toolgym.tools.base import ToolCall, ToolErrorKind
@@ -42,16 +42,6 @@ pytestmark = pytest.mark.timeout(300)
 
 
 # -- helpers ------------------------------------------------------------------------------------------
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -67,12 +57,6 @@ def wait_for(pred, timeout: float = 10.0) -> bool:
 
 def fault_cfg(name: str = "fault", **extra) -> dict:
     return {name: {"command": sys.executable, "args": [FAULT], "stderr": "devnull", **extra}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_http_server(port: int, tools: str = "calculator") -> subprocess.Popen:

@@ -182,3 +182,8 @@ class Tool(abc.ABC):
 def canonical_arguments(arguments: Mapping[str, Any]) -> str:
     """A canonical JSON text of ``arguments`` (sorted keys, no spaces): the cache / replay key."""
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def text_of(out: Any) -> str:
+    """The text of a tool's return value: ``str`` as is, anything else through ``str()``."""
+    return out if isinstance(out, str) else str(out)

@@ -23,7 +23,16 @@ import jsonschema
 import numpy as np
 
 from toolgym.jsonl import iter_jsonl, write_jsonl
-from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult, canonical_arguments, error_text
+from toolgym.tools.base import (
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolErrorKind,
+    ToolResult,
+    canonical_arguments,
+    error_text,
+    text_of,
+)
 
 __all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor", "safe_text"]
 
@@ -36,11 +45,6 @@ def safe_text(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
-
-
-def text_of(out: Any) -> str:
-    """The text of a tool's return value: ``str`` as is, anything else through ``str()``."""
-    return out if isinstance(out, str) else str(out)
 
 
 class ToolCache:
@@ -67,8 +71,8 @@ class ToolCache:
         self.hits = 0
         self.misses = 0
         if self.path is not None and self.read and self.path.exists():
-            for _, row in iter_jsonl(self.path):
-                self._data[(row["tool"], row["arguments"])] = row["content"]
+            for _, row in iter_jsonl(self.path):  # a log written elsewhere may carry "\ud800" escapes
+                self._data[(row["tool"], row["arguments"])] = safe_text(row["content"])
 
     def get(self, name: str, arguments: dict[str, Any]) -> str | None:
         if not self.read:
@@ -213,8 +217,6 @@ class ToolExecutor:
             raise
         except BaseException as e:  # noqa: BLE001 - a bug of ours (or a cache/validator failure) is still an answer
             result = self._fail(call, ToolErrorKind.EXCEPTION, f"internal error: {type(e).__name__}: {e}")
-        if result.error_kind is not None:  # successful outputs were made safe in _run (one pass over megabytes)
-            result.content = safe_text(result.content)
         m = self.metrics
         m.calls[call.name or "<unparsed>"] += 1
         if result.error_kind is not None:
@@ -226,7 +228,8 @@ class ToolExecutor:
         return result
 
     def _fail(self, call: ToolCall, kind: ToolErrorKind, message: str, **kw: Any) -> ToolResult:
-        return ToolResult(call, error_text(kind, message), kind, **kw)
+        # every error result is built here (a success's text is made safe in _run, a cache hit's at load)
+        return ToolResult(call, safe_text(error_text(kind, message)), kind, **kw)
 
     async def _run(self, call: ToolCall) -> ToolResult:
         if call.parse_error is not None:

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
-from toolgym.tools.base import Tool, ToolError, ToolErrorKind
+from toolgym.tools.base import Tool, ToolError, ToolErrorKind, text_of
 from toolgym.tools.threads import ThreadLane
 
 __all__ = ["FunctionTool", "tool"]
@@ -69,16 +69,13 @@ class FunctionTool(Tool):
         except TypeError as e:  # an extra or missing argument: the model's mistake, not the tool's
             raise ToolError(f"{self.name}: {e}", kind=ToolErrorKind.INVALID_ARGUMENTS) from None
         if self.lane is None:
-            out = await self.fn(**arguments)
-        else:
-            # the conversion to text runs on the lane too: a huge non-str result never stalls the event loop
-            return await self.lane.run(_as_text, self.fn, arguments)
-        return out if isinstance(out, str) else str(out)
+            return text_of(await self.fn(**arguments))
+        # the conversion to text runs on the lane too: a huge non-str result never stalls the event loop
+        return await self.lane.run(_as_text, self.fn, arguments)
 
 
 def _as_text(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
-    out = fn(**arguments)
-    return out if isinstance(out, str) else str(out)
+    return text_of(fn(**arguments))
 
 
 @overload
