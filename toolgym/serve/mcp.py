@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.tools.base import Tool, ToolCall
+from toolgym.tools.mcp.results import ERROR_KIND_META  # the key the toolgym client maps back to an error kind
 
 __all__ = [
     "ERROR_KIND_META",
@@ -38,9 +39,6 @@ __all__ = [
     "serve_http",
     "serve_stdio",
 ]
-
-#: ``_meta`` key carrying the toolgym error kind of a failed call (a toolgym client maps it back)
-ERROR_KIND_META = "toolgym/error_kind"
 
 #: tool-set name -> "module:factory" (imported only when asked for)
 TOOLSETS: dict[str, str] = {

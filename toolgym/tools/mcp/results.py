@@ -12,7 +12,8 @@ from toolgym.tools.base import ToolError, ToolErrorKind
 
 __all__ = ["ERROR_KIND_META", "describe_connect_error"]
 
-ERROR_KIND_META = "toolgym/error_kind"  # same key as toolgym.serve.mcp.ERROR_KIND_META
+#: ``_meta`` key carrying the toolgym error kind of a failed call (``toolgym serve mcp`` sets it, the client reads it)
+ERROR_KIND_META = "toolgym/error_kind"
 
 
 def _result_text(result: Any) -> str:
