@@ -48,7 +48,7 @@ from toolgym.tasks import (
     select_tasks,
     task_id,
 )
-from toolgym.trajectory import Trajectory
+from toolgym.trajectory import Trajectory, summarize
 
 __all__ = [
     "EvalReport",
@@ -397,35 +397,32 @@ def _report(
     ok = [float(t.outcome_reward >= success_threshold) for t in trajs]
     per_task = [ok[i * k:(i + 1) * k] for i in range(n)]
     per_task_success = [mean_at_k(s) for s in per_task]
-    successes = sum(ok)
     if k == 1:
-        ci = wilson_interval(successes, n)
+        ci = wilson_interval(sum(ok), n)
     else:  # samples of one task are correlated: count each task once (conservative)
         ci = wilson_interval(sum(per_task_success), n)
-    errors: dict[str, int] = {}
-    for t in trajs:
-        for e in t.error_kinds:
-            errors[e] = errors.get(e, 0) + 1
+    summary = summarize(trajs, success_threshold=success_threshold)  # {"episodes": 0} alone when there are none
+
     def mean(xs: Sequence[float]) -> float:
         return float(np.mean(xs)) if len(xs) else 0.0
 
     return EvalReport(
         env_id=env_id, split=split, n_tasks=n, k=k, seed=seed, policy=policy,
-        success=successes / len(ok) if ok else 0.0,
+        success=summary.get("success", 0.0),
         success_ci95=ci,
         pass_at_k=mean([pass_at_k(k, int(sum(s)), k) for s in per_task]) if k > 1 else None,
         mean_at_k=mean(per_task_success) if k > 1 else None,
-        reward=mean([t.reward for t in trajs]),
-        tool_call_rate=mean([t.num_tool_calls > 0 for t in trajs]),
-        calls_per_episode=mean([t.num_tool_calls for t in trajs]),
-        turns=mean([len(t.turns) for t in trajs]),
-        errors=errors,
+        reward=summary.get("reward", 0.0),
+        tool_call_rate=summary.get("tool_call_rate", 0.0),
+        calls_per_episode=summary.get("calls_per_episode", 0.0),
+        turns=summary.get("turns", 0.0),
+        errors=summary.get("errors", {}),
         drift=sum(1 for t in trajs if t.drift),
         task_ids=list(ids),
         per_task_success=per_task_success,
         wall_s=round(wall_s, 3),
         episodes=len(trajs),
-        truncated=mean([t.truncated for t in trajs]),
+        truncated=summary.get("truncated", 0.0),
         generated_tokens=generated_tokens,
         out=out,
         trajectories=list(trajs),
