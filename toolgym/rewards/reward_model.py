@@ -279,8 +279,11 @@ class RewardModelReward(Reward):
             dev = next(model.parameters()).device
             with torch.no_grad():
                 logits = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits.float().cpu()
-        col = logits[:, self.label_index].tolist()
-        return [_sigmoid(x) if self.activation == "sigmoid" and math.isfinite(x) else x for x in col]
+        return [self._squash(x) for x in logits[:, self.label_index].tolist()]
+
+    def _squash(self, x: float) -> float:
+        """A raw head output through ``activation`` (a non-finite one is left for the caller to reject)."""
+        return _sigmoid(x) if self.activation == "sigmoid" and math.isfinite(x) else x
 
     # ----------------------------------------------------------------------------------------------- remote
     async def _post(self, seqs: list[list[int]], st: _LoopState) -> list[float]:
@@ -319,8 +322,7 @@ class RewardModelReward(Reward):
                     v = d["data"]
                     while isinstance(v, list):  # [x], [[x]] or per-label lists: take the chosen label
                         v = v[self.label_index]
-                    x = float(v)
-                    out.append(_sigmoid(x) if self.activation == "sigmoid" and math.isfinite(x) else x)
+                    out.append(self._squash(float(v)))
             return out
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise RewardModelError(RewardModelErrorKind.BAD_RESPONSE,
