@@ -169,7 +169,7 @@ class RewardModelReward(Reward):
         try:
             value = await self.score_ids(ids)
         except RewardModelError as e:
-            return Score(float(self.failure_score), {f"{self.name}/failed": 1.0, f"{self.name}/error/{e.kind.value}": 1.0})
+            return Score.failure(self.failure_score, self.name, e.kind.value)
         return Score(value)
 
     async def score_ids(self, ids: Sequence[int]) -> float:
