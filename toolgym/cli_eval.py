@@ -86,9 +86,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from toolgym.eval import (
         TaskFileError,
         TaskSelectionError,
-        _base_env,
         check_writable,
         evaluate,
+        has_oracle,
         make_eval_vector_env,
     )
 
@@ -125,7 +125,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
-        if name == "oracle" and not callable(getattr(_base_env(venv), "oracle", None)):
+        if name == "oracle" and not has_oracle(venv):
             raise CLIError(f"{env_id} has no oracle: define `oracle(self, state) -> str` on the env class to use "
                            "--policy oracle", ExitCode.USAGE)
         try:

@@ -57,6 +57,7 @@ __all__ = [
     "TaskSelectionError",
     "check_writable",
     "evaluate",
+    "has_oracle",
     "import_env_id",
     "make_eval_vector_env",
     "mean_at_k",
@@ -163,6 +164,11 @@ def paired_difference_ci(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def has_oracle(env: Any) -> bool:
+    """Whether ``env`` (a ToolEnv, a wrapped env or a vector env) has a callable ``oracle`` method."""
+    return callable(getattr(_base_env(env), "oracle", None))
+
+
 def oracle_policy(env: Any = None) -> Any:
     """A :class:`~toolgym.rollout.ScriptedPolicy` that asks each episode's env for its text:
     ``env.oracle(state) -> str`` (``state.env`` is the unwrapped sub-env running the episode).
@@ -172,7 +178,7 @@ def oracle_policy(env: Any = None) -> Any:
     """
     from toolgym.rollout import EpisodeState, ScriptedPolicy
 
-    if env is not None and not callable(getattr(_base_env(env), "oracle", None)):
+    if env is not None and not has_oracle(env):
         raise ValueError(f"env {type(_base_env(env)).__name__} has no oracle: define `oracle(self, state) -> str` "
                          "on the env class to use --policy oracle")
 
