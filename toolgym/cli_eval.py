@@ -140,13 +140,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     finally:
         venv.close()
     report.env_id = env_id
-    table = report.format_table()
+    table, data = report.format_table(), report.to_dict()
     if args.json:
         print(table, file=sys.stderr)
-        print(json.dumps(report.to_dict()))
+        print(json.dumps(data))
     else:
         print(table)
-    data = report.to_dict()
     report_summary(args, "eval", data, documents={"eval.json": data}, artifacts=[args.out] if args.out else [],
                    params={k: data.get(k) for k in ("env_id", "split", "n_tasks", "k", "seed", "policy")}
                    | {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens})
