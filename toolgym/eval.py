@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.jsonl import JSONLStream, check_writable
+from toolgym.jsonl import JSONLStream
 from toolgym.tasks import (
     TaskFileError,
     TaskSelectionError,
@@ -52,10 +52,8 @@ from toolgym.trajectory import Trajectory, summarize
 
 __all__ = [
     "EvalReport",
-    "JSONLStream",
     "TaskFileError",
     "TaskSelectionError",
-    "check_writable",
     "evaluate",
     "has_oracle",
     "import_env_id",
