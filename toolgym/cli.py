@@ -46,11 +46,13 @@ from toolgym.cli_bench import add_parsers as add_bench_parsers
 from toolgym.cli_common import (
     CLIError,
     ExitCode,
+    check_output,
     check_reachable,
     check_report_to,
     env_construction_error,
     make_policy,
     parse_env_kwargs,
+    policy_connection,
     print_error,
     report_summary,
     resolve_env_id,
@@ -161,12 +163,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_report_to(args)
     from toolgym.eval import make_eval_vector_env
-    from toolgym.jsonl import JSONLStream, check_writable
+    from toolgym.jsonl import JSONLStream
 
-    try:
-        check_writable(out)  # the file itself is replaced only once the first episode has finished
-    except OSError as e:
-        raise CLIError(f"cannot write {out}: {e.strerror or e}", ExitCode.INPUT) from None
+    check_output(out)  # the file itself is replaced only once the first episode has finished
 
     from toolgym.rollout import RolloutDriver, summarize
 
@@ -179,16 +178,10 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise env_construction_error(env_id, e) from None
     try:
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
-        with JSONLStream(out) as stream:  # episodes are streamed as they finish: an interrupted run keeps them
-            try:
-                trajs = driver.run([None] * args.episodes, seeds=args.seed, progress=not args.no_progress,
-                                   on_episode=lambda _k, t: stream.write(t.to_dict()))
-            except Exception as e:
-                import aiohttp
-
-                if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
-                    raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
-                raise
+        # episodes are streamed as they finish: an interrupted run keeps them
+        with JSONLStream(out) as stream, policy_connection(args.policy):
+            trajs = driver.run([None] * args.episodes, seeds=args.seed, progress=not args.no_progress,
+                               on_episode=lambda _k, t: stream.write(t.to_dict()))
         summary = summarize(trajs)
         stats = driver.stats.to_dict()
     finally:

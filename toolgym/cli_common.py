@@ -8,23 +8,26 @@ env-construction errors, ``--env-kwarg`` parsing, the policy built from ``--poli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import json
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "CLIError",
     "ExitCode",
+    "check_output",
     "check_reachable",
     "check_report_to",
     "env_construction_error",
     "make_policy",
     "parse_env_kwargs",
+    "policy_connection",
     "print_error",
     "report_summary",
     "resolve_env_id",
@@ -143,6 +146,31 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
     except (urllib.error.URLError, TimeoutError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CLIError(f"cannot reach the policy server at {url}: {reason}", ExitCode.UNREACHABLE) from None
+
+
+def check_output(path: str | Path) -> None:
+    """Raise :class:`CLIError` (exit 3) unless an output file can be written at ``path`` (checked before any model
+    loads; the file itself is left untouched)."""
+    from toolgym.jsonl import check_writable
+
+    try:
+        check_writable(path)
+    except OSError as e:
+        raise CLIError(f"cannot write {path}: {e.strerror or e}", ExitCode.INPUT) from None
+
+
+@contextlib.contextmanager
+def policy_connection(policy: str) -> Iterator[None]:
+    """Turn a connection to the ``--policy`` server lost mid-run into :class:`CLIError` (exit 4); anything else
+    passes through."""
+    try:
+        yield
+    except Exception as e:
+        import aiohttp
+
+        if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
+            raise CLIError(f"lost the policy server {policy}: {e}", ExitCode.UNREACHABLE) from None
+        raise
 
 
 def trainers_module(name: str) -> Any:

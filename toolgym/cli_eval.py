@@ -16,10 +16,12 @@ from typing import Any
 from toolgym.cli_common import (
     CLIError,
     ExitCode,
+    check_output,
     check_report_to,
     env_construction_error,
     make_policy,
     parse_env_kwargs,
+    policy_connection,
     report_summary,
     resolve_env_id,
 )
@@ -86,9 +88,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from toolgym.eval import (
         TaskFileError,
         TaskSelectionError,
-        _base_env,
-        check_writable,
         evaluate,
+        has_oracle,
         make_eval_vector_env,
     )
 
@@ -109,10 +110,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not Path(tasks).is_file():
             raise CLIError(f"cannot read task file {tasks}: no such file", ExitCode.INPUT)
     if args.out is not None:
-        try:
-            check_writable(args.out)
-        except OSError as e:
-            raise CLIError(f"cannot write {args.out}: {e.strerror or e}", ExitCode.INPUT) from None
+        check_output(args.out)
     if args.split is not None:
         env_kwargs["split"] = args.split
 
@@ -125,35 +123,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
-        if name == "oracle" and not callable(getattr(_base_env(venv), "oracle", None)):
+        if name == "oracle" and not has_oracle(venv):
             raise CLIError(f"{env_id} has no oracle: define `oracle(self, state) -> str` on the env class to use "
                            "--policy oracle", ExitCode.USAGE)
         try:
-            report = evaluate(
-                venv, policy, tasks, k=args.k, seed=args.seed, split=args.split, num_envs=args.num_envs,
-                max_turn_tokens=args.max_new_tokens, schedule=args.schedule, out=args.out,
-                progress=not args.no_progress, policy_name=name,
-            )
+            with policy_connection(args.policy):
+                report = evaluate(
+                    venv, policy, tasks, k=args.k, seed=args.seed, split=args.split, num_envs=args.num_envs,
+                    max_turn_tokens=args.max_new_tokens, schedule=args.schedule, out=args.out,
+                    progress=not args.no_progress, policy_name=name,
+                )
         except TaskFileError as e:
             raise CLIError(str(e), ExitCode.INPUT) from None
         except TaskSelectionError as e:
             raise CLIError(str(e), ExitCode.USAGE) from None
-        except Exception as e:
-            import aiohttp
-
-            if isinstance(e, aiohttp.ClientConnectionError | ConnectionError):
-                raise CLIError(f"lost the policy server {args.policy}: {e}", ExitCode.UNREACHABLE) from None
-            raise
     finally:
         venv.close()
     report.env_id = env_id
-    table = report.format_table()
+    table, data = report.format_table(), report.to_dict()
     if args.json:
         print(table, file=sys.stderr)
-        print(json.dumps(report.to_dict()))
+        print(json.dumps(data))
     else:
         print(table)
-    data = report.to_dict()
     report_summary(args, "eval", data, documents={"eval.json": data}, artifacts=[args.out] if args.out else [],
                    params={k: data.get(k) for k in ("env_id", "split", "n_tasks", "k", "seed", "policy")}
                    | {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens})

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from toolgym.jsonl import JSONLStream, check_writable
+from toolgym.jsonl import JSONLStream
 from toolgym.tasks import (
     TaskFileError,
     TaskSelectionError,
@@ -48,15 +48,14 @@ from toolgym.tasks import (
     select_tasks,
     task_id,
 )
-from toolgym.trajectory import Trajectory
+from toolgym.trajectory import Trajectory, summarize
 
 __all__ = [
     "EvalReport",
-    "JSONLStream",
     "TaskFileError",
     "TaskSelectionError",
-    "check_writable",
     "evaluate",
+    "has_oracle",
     "import_env_id",
     "make_eval_vector_env",
     "mean_at_k",
@@ -163,6 +162,11 @@ def paired_difference_ci(
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def has_oracle(env: Any) -> bool:
+    """Whether ``env`` (a ToolEnv, a wrapped env or a vector env) has a callable ``oracle`` method."""
+    return callable(getattr(_base_env(env), "oracle", None))
+
+
 def oracle_policy(env: Any = None) -> Any:
     """A :class:`~toolgym.rollout.ScriptedPolicy` that asks each episode's env for its text:
     ``env.oracle(state) -> str`` (``state.env`` is the unwrapped sub-env running the episode).
@@ -172,7 +176,7 @@ def oracle_policy(env: Any = None) -> Any:
     """
     from toolgym.rollout import EpisodeState, ScriptedPolicy
 
-    if env is not None and not callable(getattr(_base_env(env), "oracle", None)):
+    if env is not None and not has_oracle(env):
         raise ValueError(f"env {type(_base_env(env)).__name__} has no oracle: define `oracle(self, state) -> str` "
                          "on the env class to use --policy oracle")
 
@@ -397,35 +401,32 @@ def _report(
     ok = [float(t.outcome_reward >= success_threshold) for t in trajs]
     per_task = [ok[i * k:(i + 1) * k] for i in range(n)]
     per_task_success = [mean_at_k(s) for s in per_task]
-    successes = sum(ok)
     if k == 1:
-        ci = wilson_interval(successes, n)
+        ci = wilson_interval(sum(ok), n)
     else:  # samples of one task are correlated: count each task once (conservative)
         ci = wilson_interval(sum(per_task_success), n)
-    errors: dict[str, int] = {}
-    for t in trajs:
-        for e in t.error_kinds:
-            errors[e] = errors.get(e, 0) + 1
+    summary = summarize(trajs, success_threshold=success_threshold)  # {"episodes": 0} alone when there are none
+
     def mean(xs: Sequence[float]) -> float:
         return float(np.mean(xs)) if len(xs) else 0.0
 
     return EvalReport(
         env_id=env_id, split=split, n_tasks=n, k=k, seed=seed, policy=policy,
-        success=successes / len(ok) if ok else 0.0,
+        success=summary.get("success", 0.0),
         success_ci95=ci,
         pass_at_k=mean([pass_at_k(k, int(sum(s)), k) for s in per_task]) if k > 1 else None,
         mean_at_k=mean(per_task_success) if k > 1 else None,
-        reward=mean([t.reward for t in trajs]),
-        tool_call_rate=mean([t.num_tool_calls > 0 for t in trajs]),
-        calls_per_episode=mean([t.num_tool_calls for t in trajs]),
-        turns=mean([len(t.turns) for t in trajs]),
-        errors=errors,
+        reward=summary.get("reward", 0.0),
+        tool_call_rate=summary.get("tool_call_rate", 0.0),
+        calls_per_episode=summary.get("calls_per_episode", 0.0),
+        turns=summary.get("turns", 0.0),
+        errors=summary.get("errors", {}),
         drift=sum(1 for t in trajs if t.drift),
         task_ids=list(ids),
         per_task_success=per_task_success,
         wall_s=round(wall_s, 3),
         episodes=len(trajs),
-        truncated=mean([t.truncated for t in trajs]),
+        truncated=summary.get("truncated", 0.0),
         generated_tokens=generated_tokens,
         out=out,
         trajectories=list(trajs),

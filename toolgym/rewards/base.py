@@ -72,6 +72,12 @@ class Score:
         who = f" from {reward!r}" if reward is not None else ""
         raise TypeError(f"a reward must return a Score or a number, got {type(result).__name__}{who}")
 
+    @classmethod
+    def failure(cls, value: float, name: str, kind: str) -> Score:
+        """The Score of a remote reward that could not score (e.g. a judge or reward model that timed out):
+        ``value`` (its ``failure_score``) with the components ``<name>/failed = 1`` and ``<name>/error/<kind> = 1``."""
+        return cls(float(value), {f"{name}/failed": 1.0, f"{name}/error/{kind}": 1.0})
+
 
 class Reward(abc.ABC):
     """Base class of rewards.

@@ -323,7 +323,7 @@ class LLMJudge(Reward):
             assert result.score is not None
             return Score(float(result.score), {f"{self.name}/cached": float(result.cached)})
         assert result.error is not None
-        return Score(float(self.failure_score), {f"{self.name}/failed": 1.0, f"{self.name}/error/{result.error.value}": 1.0})
+        return Score.failure(self.failure_score, self.name, result.error.value)
 
     # ----------------------------------------------------------------------------------------------- client
     def _loop_state(self) -> _LoopState:

@@ -15,7 +15,8 @@ Two backends, chosen by ``path_or_url``:
   trained model with e.g. ``vllm serve runs/rm --runner pooling --convert classify``.
 
 **Batched**: concurrent ``outcome`` / ``turn`` calls (a vector env scores its whole batch concurrently) are
-gathered into micro-batches of at most ``batch_size`` sequences.
+gathered into micro-batches of at most ``batch_size`` sequences by :class:`toolgym.batching.MicroBatcher` (one
+batch at a time per event loop).
 
 **Hardening, as in** :class:`~toolgym.rewards.judge.LLMJudge`: every request has a total timeout (``timeout_s``);
 a timeout, a refused connection, an HTTP error, a body that is not the expected JSON, a missing/non-finite score,
@@ -31,12 +32,13 @@ import json
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 import aiohttp
 
+from toolgym.batching import MicroBatcher
 from toolgym.rewards.base import Reward, Score
 from toolgym.rewards.loop_clients import PerLoop, client_session
 from toolgym.trajectory import Trajectory, Turn
@@ -64,15 +66,8 @@ class RewardModelError(Exception):
 
 
 @dataclass
-class _Pending:
-    ids: list[int]
-    future: asyncio.Future[float]
-
-
-@dataclass
 class _LoopState:
-    pending: list[_Pending] = field(default_factory=list)
-    flusher: asyncio.Task[None] | None = None
+    batcher: MicroBatcher[list[int], float]
     session: aiohttp.ClientSession | None = None
 
 
@@ -149,7 +144,9 @@ class RewardModelReward(Reward):
         self._load_error: RewardModelError | None = None
         self._load_lock = threading.Lock()
         self._run_lock = threading.Lock()
-        self._clients: PerLoop[_LoopState] = PerLoop(_LoopState)
+        self._clients: PerLoop[_LoopState] = PerLoop(
+            lambda: _LoopState(MicroBatcher(self._batch, max_batch=self.batch_size))
+        )
         self.counts: dict[str, int] = {"scored": 0, "batches": 0, "failed": 0}
         self.failures: dict[str, int] = {}
 
@@ -169,20 +166,14 @@ class RewardModelReward(Reward):
         try:
             value = await self.score_ids(ids)
         except RewardModelError as e:
-            return Score(float(self.failure_score), {f"{self.name}/failed": 1.0, f"{self.name}/error/{e.kind.value}": 1.0})
+            return Score.failure(self.failure_score, self.name, e.kind.value)
         return Score(value)
 
     async def score_ids(self, ids: Sequence[int]) -> float:
         """The score of one token sequence (joins the current micro-batch); raises :class:`RewardModelError`."""
         if self.max_length is not None and len(ids) > self.max_length:
             ids = ids[len(ids) - self.max_length:]
-        loop = asyncio.get_running_loop()
-        st = self._clients.get()
-        fut: asyncio.Future[float] = loop.create_future()
-        st.pending.append(_Pending([int(x) for x in ids], fut))
-        if st.flusher is None or st.flusher.done():
-            st.flusher = loop.create_task(self._flush(st))
-        return await fut
+        return await self._clients.get().batcher.submit([int(x) for x in ids])
 
     async def score_many(self, sequences: Sequence[Sequence[int]]) -> list[float | RewardModelError]:
         """Scores of many sequences (batched); a failed one is its :class:`RewardModelError`, not raised."""
@@ -191,44 +182,35 @@ class RewardModelReward(Reward):
             RewardModelErrorKind.MODEL_ERROR, repr(o)) for o in out]
 
     # ----------------------------------------------------------------------------------------------- batching
-    async def _flush(self, st: _LoopState) -> None:
-        await asyncio.sleep(0)  # let the other episodes of this step join the batch
-        while st.pending:
-            batch, st.pending = st.pending[: self.batch_size], st.pending[self.batch_size:]
-            batch = [p for p in batch if not p.future.done()]  # cancelled callers
-            if not batch:
-                continue
-            self.counts["batches"] += 1
-            try:
-                scores = await asyncio.wait_for(self._run([p.ids for p in batch], st), self.timeout_s)
-                if len(scores) != len(batch):
-                    raise RewardModelError(RewardModelErrorKind.BAD_RESPONSE,
-                                           f"{len(scores)} scores for {len(batch)} inputs")
-            except RewardModelError as e:
-                self._fail(batch, e)
-                continue
-            except TimeoutError:
-                self._fail(batch, RewardModelError(RewardModelErrorKind.TIMEOUT,
-                                                   f"no score from {self.target} within {self.timeout_s}s"))
-                continue
-            except Exception as e:  # noqa: BLE001 - classified, never raised into the env
-                self._fail(batch, RewardModelError(RewardModelErrorKind.MODEL_ERROR, f"{self.target}: {e!r}"))
-                continue
-            for p, s in zip(batch, scores, strict=True):
-                if p.future.done():
-                    continue
-                if not (isinstance(s, int | float) and math.isfinite(s)):
-                    self._fail([p], RewardModelError(RewardModelErrorKind.BAD_RESPONSE, f"not a finite score: {s!r}"))
-                    continue
+    async def _batch(self, seqs: list[list[int]]) -> list[float | RewardModelError]:
+        """One micro-batch (the batcher's ``fn``): a score or a classified :class:`RewardModelError` per sequence,
+        never raised."""
+        self.counts["batches"] += 1
+        try:
+            scores = await asyncio.wait_for(self._run(seqs, self._clients.get()), self.timeout_s)
+            if len(scores) != len(seqs):
+                raise RewardModelError(RewardModelErrorKind.BAD_RESPONSE, f"{len(scores)} scores for {len(seqs)} inputs")
+        except RewardModelError as e:
+            return [self._failed(e) for _ in seqs]
+        except TimeoutError:
+            err = RewardModelError(RewardModelErrorKind.TIMEOUT, f"no score from {self.target} within {self.timeout_s}s")
+            return [self._failed(err) for _ in seqs]
+        except Exception as e:  # noqa: BLE001 - classified, never raised into the env
+            err = RewardModelError(RewardModelErrorKind.MODEL_ERROR, f"{self.target}: {e!r}")
+            return [self._failed(err) for _ in seqs]
+        out: list[float | RewardModelError] = []
+        for s in scores:
+            if isinstance(s, int | float) and math.isfinite(s):
                 self.counts["scored"] += 1
-                p.future.set_result(float(s))
+                out.append(float(s))
+            else:
+                out.append(self._failed(RewardModelError(RewardModelErrorKind.BAD_RESPONSE, f"not a finite score: {s!r}")))
+        return out
 
-    def _fail(self, batch: Sequence[_Pending], err: RewardModelError) -> None:
-        for p in batch:
-            if not p.future.done():
-                self.counts["failed"] += 1
-                self.failures[err.kind.value] = self.failures.get(err.kind.value, 0) + 1
-                p.future.set_exception(err)
+    def _failed(self, err: RewardModelError) -> RewardModelError:
+        self.counts["failed"] += 1
+        self.failures[err.kind.value] = self.failures.get(err.kind.value, 0) + 1
+        return err
 
     async def _run(self, seqs: list[list[int]], st: _LoopState) -> list[float]:
         if self.remote:
@@ -279,8 +261,11 @@ class RewardModelReward(Reward):
             dev = next(model.parameters()).device
             with torch.no_grad():
                 logits = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits.float().cpu()
-        col = logits[:, self.label_index].tolist()
-        return [_sigmoid(x) if self.activation == "sigmoid" and math.isfinite(x) else x for x in col]
+        return [self._squash(x) for x in logits[:, self.label_index].tolist()]
+
+    def _squash(self, x: float) -> float:
+        """A raw head output through ``activation`` (a non-finite one is left for the caller to reject)."""
+        return _sigmoid(x) if self.activation == "sigmoid" and math.isfinite(x) else x
 
     # ----------------------------------------------------------------------------------------------- remote
     async def _post(self, seqs: list[list[int]], st: _LoopState) -> list[float]:
@@ -319,8 +304,7 @@ class RewardModelReward(Reward):
                     v = d["data"]
                     while isinstance(v, list):  # [x], [[x]] or per-label lists: take the chosen label
                         v = v[self.label_index]
-                    x = float(v)
-                    out.append(_sigmoid(x) if self.activation == "sigmoid" and math.isfinite(x) else x)
+                    out.append(self._squash(float(v)))
             return out
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise RewardModelError(RewardModelErrorKind.BAD_RESPONSE,
