@@ -164,6 +164,12 @@ def test_an_env_without_oracle_says_so():
     state = EpisodeState(0, {"id": "t"}, 0, env)
     with pytest.raises(NotImplementedError, match=r"no oracle for env 'ToolEnv'.*define oracle\(self, state\)"):
         env.oracle(state)
+    # the pre-flight check (`toolgym eval --policy oracle`, trainers.sft.oracle_policy) sees it before any episode
+    from toolgym.eval import has_oracle, oracle_policy
+
+    assert not has_oracle(env)
+    with pytest.raises(ValueError, match="has no oracle"):
+        oracle_policy(env)
     env.close()
 
 

@@ -163,8 +163,12 @@ def paired_difference_ci(
 
 
 def has_oracle(env: Any) -> bool:
-    """Whether ``env`` (a ToolEnv, a wrapped env or a vector env) has a callable ``oracle`` method."""
-    return callable(getattr(_base_env(env), "oracle", None))
+    """Whether ``env`` (a ToolEnv, a wrapped env or a vector env) defines an ``oracle`` method: a callable one
+    other than :meth:`ToolEnv.oracle`, the default that only raises ``NotImplementedError``."""
+    from toolgym.envs.base import ToolEnv
+
+    base = _base_env(env)
+    return callable(getattr(base, "oracle", None)) and getattr(type(base), "oracle", None) is not ToolEnv.oracle
 
 
 def oracle_policy(env: Any = None) -> Any:
