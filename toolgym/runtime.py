@@ -17,10 +17,11 @@ import asyncio
 import atexit
 import logging
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, Generic, TypeVar
 
-__all__ = ["get_loop", "in_runtime", "run_async", "run_sync"]
+__all__ = ["PerLoop", "get_loop", "in_runtime", "run_async", "run_sync"]
 
 T = TypeVar("T")
 
@@ -94,3 +95,40 @@ def _shutdown() -> None:
 
 
 atexit.register(_shutdown)
+
+
+class PerLoop(Generic[T]):
+    """One ``T`` (made by ``make()``) per running event loop, for loop-bound state: aiohttp sessions, asyncio
+    semaphores and micro-batchers belong to the loop that made them, while one tool or reward may be awaited from
+    several loops (this runtime loop, a test's, a trainer's). Weakly keyed: a dead loop's state goes with it.
+    Thread-safe."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, T] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        """The running loop's state, made on first use (call from inside a coroutine)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            st = self._states.get(loop)
+            if st is None:
+                st = self._states[loop] = self._make()
+            return st
+
+    def renew(self) -> T:
+        """A fresh state for the running loop, replacing the current one (e.g. after its session was closed)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            st = self._states[loop] = self._make()
+            return st
+
+    def pop(self) -> T | None:
+        """Forget the running loop's state and return it (``None`` outside a loop or before first use)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        with self._lock:
+            return self._states.pop(loop, None)

@@ -3,18 +3,18 @@
 
 An ``aiohttp.ClientSession`` (and an ``asyncio`` semaphore or future) belongs to the event loop that made it, while
 one reward object may be awaited from several loops (toolgym's runtime loop, a test's loop, a trainer's). So each
-such reward keeps one state object per loop in a :class:`PerLoop`: made on first use in a loop, dropped when the
-loop is garbage-collected, and closed by ``await reward.aclose()`` in that loop.
+such reward keeps one state object per loop in a :class:`PerLoop` (:class:`toolgym.runtime.PerLoop`, which the
+retrievers use too): made on first use in a loop, dropped when the loop is garbage-collected, and closed by
+``await reward.aclose()`` in that loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import weakref
-from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import aiohttp
+
+from toolgym import runtime
 
 __all__ = ["HasSession", "PerLoop", "client_session"]
 
@@ -37,33 +37,12 @@ def client_session(api_key: str | None = None, *, limit: int | None = None) -> a
     return aiohttp.ClientSession(headers=headers, connector=connector)
 
 
-class PerLoop(Generic[S]):
-    """One state ``S`` (made by ``make()``) per running event loop; weakly keyed, so a dead loop's state goes."""
-
-    def __init__(self, make: Callable[[], S]) -> None:
-        self._make = make
-        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, S] = weakref.WeakKeyDictionary()
-
-    def get(self) -> S:
-        """The running loop's state, made on first use (call from inside a coroutine)."""
-        loop = asyncio.get_running_loop()
-        st = self._states.get(loop)
-        if st is None:
-            st = self._states[loop] = self._make()
-        return st
-
-    def renew(self) -> S:
-        """A fresh state for the running loop, replacing the current one (e.g. after its session was closed)."""
-        st = self._states[asyncio.get_running_loop()] = self._make()
-        return st
+class PerLoop(runtime.PerLoop[S]):
+    """:class:`toolgym.runtime.PerLoop` of states that hold an HTTP session, closed by :meth:`aclose`."""
 
     async def aclose(self) -> None:
         """Close the running loop's session and forget its state (no-op outside a loop or before first use);
         other loops' states close when their loop is garbage-collected."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        st = self._states.pop(loop, None)
+        st = self.pop()
         if st is not None and st.session is not None and not st.session.closed:
             await st.session.close()

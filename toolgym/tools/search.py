@@ -18,8 +18,6 @@ import asyncio
 import itertools
 import json
 import re
-import threading
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from toolgym import runtime
 from toolgym.batching import MicroBatcher
 from toolgym.tools.base import Tool, ToolError, ToolErrorKind
 
@@ -148,35 +147,6 @@ def _query_batcher(
     return MicroBatcher(run, max_batch=max_batch, max_wait_s=window_s, concurrent=True)
 
 
-class _PerLoop:
-    """Per-event-loop state (aiohttp sessions and batchers are bound to the loop that created them)."""
-
-    def __init__(self, factory: Callable[[], Any]) -> None:
-        self._factory = factory
-        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-
-    def get(self) -> Any:
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            obj = self._by_loop.get(loop)
-            if obj is None:
-                obj = self._by_loop[loop] = self._factory()
-            return obj
-
-    def pop_current(self) -> Any:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return None
-        with self._lock:
-            return self._by_loop.pop(loop, None)
-
-    def values(self) -> list[Any]:
-        with self._lock:
-            return list(self._by_loop.values())
-
-
 # -- BM25 ---------------------------------------------------------------------------------------------
 def numba_available() -> bool:
     """``True`` when numba imports (bm25s's fast backend)."""
@@ -256,7 +226,7 @@ class BM25Retriever:
         self._bm25 = bm25s.BM25(k1=k1, b=b, method=method, backend=backend)
         self._bm25.index(tok, show_progress=False)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bm25")
-        self._batchers = _PerLoop(lambda: _query_batcher(self._abatch_in_pool, batch_window_s, max_batch))
+        self._batchers = runtime.PerLoop(lambda: _query_batcher(self._abatch_in_pool, batch_window_s, max_batch))
         if warm:
             self.batch_search([self.passages[0].title or self.passages[0].text[:40]], 1)
 
@@ -345,8 +315,8 @@ class RemoteRetriever:
         self.return_scores = return_scores
         self.headers = dict(headers or {})
         self._rr = itertools.count()
-        self._sessions = _PerLoop(self._new_session)
-        self._batchers = _PerLoop(lambda: _query_batcher(self.abatch_search, batch_window_s, max_batch))
+        self._sessions = runtime.PerLoop(self._new_session)
+        self._batchers = runtime.PerLoop(lambda: _query_batcher(self.abatch_search, batch_window_s, max_batch))
         self.requests = 0  #: POSTs sent (successful or not)
         self.queries = 0  #: queries sent
 
@@ -427,8 +397,6 @@ class RemoteRetriever:
 
     def batch_search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Sync :meth:`abatch_search` (runs on the toolgym runtime loop)."""
-        from toolgym import runtime
-
         return runtime.run_sync(self.abatch_search(queries, k))
 
     def search(self, query: str, k: int) -> list[Hit]:
@@ -436,7 +404,7 @@ class RemoteRetriever:
 
     async def aclose(self) -> None:
         """Close the HTTP session of the current loop (others are closed when their loop is)."""
-        s = self._sessions.pop_current()
+        s = self._sessions.pop()
         if s is not None:
             await s.close()
 
