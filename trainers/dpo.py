@@ -383,7 +383,7 @@ def run_dpo(cfg: DPORunConfig, *, model: Any = None, tokenizer: Any = None) -> d
     out.mkdir(parents=True, exist_ok=True)
     env_kwargs = dict(cfg.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
-    summary: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items()}, "rounds": [], "generated_tokens": 0}
+    summary: dict[str, Any] = {"config": asdict(cfg), "rounds": [], "generated_tokens": 0}
     train_kw = dict(beta=cfg.beta, loss_type=cfg.loss_type, learning_rate=cfg.learning_rate,
                     batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                     epochs=cfg.epochs, max_steps=cfg.max_steps, max_length=cfg.max_length, seed=cfg.seed)
