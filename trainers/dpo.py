@@ -29,7 +29,6 @@ policy at the start of the round). Run::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import math
@@ -38,7 +37,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer  # noqa: E402
 
 from toolgym.trajectory import Trajectory  # noqa: E402
+from trainers.runconfig import config_from_argv, opt  # noqa: E402  (config_from_argv: re-exported)
 
 __all__ = [
     "DPORunConfig",
@@ -331,92 +331,36 @@ def sample_pairs(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - the argparse word
-    """A dataclass field with a fixed (immutable) default and its ``--help`` text."""
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class DPORunConfig:
     """A DPO run (YAML keys = field names; every field is also a ``--field value`` flag)."""
 
-    model: str | None = _f(None, "model path or hub id; null = the embedded SmolLM2-135M-Instruct")
-    env_id: str = _f("toolgym/Calculator-v0", "toolgym env id")
+    model: str | None = opt(None, "model path or hub id; null = the embedded SmolLM2-135M-Instruct")
+    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
     env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "train"}, metadata={
         "help": "keyword arguments of the env (JSON on the command line)"})
-    trajectories: str | None = _f(None, "offline: pair the episodes of this trajectory JSONL file (no sampling)")
-    num_tasks: int = _f(32, "online: tasks drawn from the env (seeds task_seed ... task_seed + n - 1)")
-    task_seed: int = _f(0, "online: first seed for drawing tasks")
-    samples_per_task: int = _f(4, "online: episodes sampled per task and round (>= 2)")
-    rounds: int = _f(1, "online: sample-pair-train rounds (the reference model is the policy at each round start)")
-    temperature: float = _f(1.0, "online: sampling temperature")
-    max_turn_tokens: int = _f(64, "online: tokens sampled per assistant turn")
-    num_envs: int = _f(16, "online: parallel sub-envs for sampling")
-    margin: float = _f(0.5, "a pair needs chosen reward - rejected reward >= margin (and strictly greater)")
-    pairs_per_task: int = _f(1, "most pairs per task (and prompt); each episode is used at most once")
-    beta: float = _f(0.1, "DPO beta (strength of the KL to the reference model)")
-    loss_type: str = _f("sigmoid", "TRL DPO loss_type (sigmoid, ipo, hinge, ...)")
-    learning_rate: float = _f(1e-5, "learning rate")
-    batch_size: int = _f(4, "pairs per device batch")
-    gradient_accumulation_steps: int = _f(1, "gradient accumulation steps")
-    epochs: float = _f(1.0, "epochs over each round's pairs (ignored when max_steps > 0)")
-    max_steps: int = _f(-1, "optimizer steps per round (-1: use epochs)")
-    max_length: int | None = _f(None, "truncate prompt + completion to this many tokens (null: no limit)")
-    output_dir: str = _f("runs/dpo", "where the pairs (pairs/ or pairs_round{k}/), trajectories and model go")
-    save_model: bool = _f(True, "save the trained model and tokenizer to output_dir")
-    seed: int = _f(0, "seed (sampling, pairing, training)")
-    threads: int = _f(0, "torch CPU threads (0: torch's default)")
-
-
-def _parse_value(kind: Any, text: str) -> Any:
-    if text.lower() in ("null", "none"):
-        return None
-    s = str(kind)
-    if "dict" in s or "list" in s:
-        return json.loads(text)
-    if "bool" in s:
-        if text.lower() in ("1", "true", "yes"):
-            return True
-        if text.lower() in ("0", "false", "no"):
-            return False
-        raise ValueError(f"not a boolean: {text!r}")
-    if "int" in s:
-        return int(text)
-    if "float" in s:
-        return float(text)
-    return text
-
-
-def config_from_argv(cls: type, argv: Sequence[str] | None, description: str) -> Any:
-    """``cls`` (a config dataclass whose fields carry ``metadata["help"]``) from ``--config FILE`` (YAML) and
-    ``--field value`` overrides; unknown YAML keys raise ``ValueError``."""
-    import yaml
-
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--config", default=None, help="YAML file with the fields below")
-    for f in fields(cls):
-        flags = dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"])
-        ap.add_argument(*flags, dest=f.name, default=None,
-                        type=lambda t, k=f.type: _parse_value(k, t), help=f.metadata.get("help", ""))
-    a = ap.parse_args(argv)
-    raw: dict[str, Any] = {}
-    if a.config:
-        with open(a.config) as fh:
-            raw = yaml.safe_load(fh) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{a.config}: the config must be a YAML mapping")
-        unknown = set(raw) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"{a.config}: unknown keys {sorted(unknown)}")
-    for f in fields(cls):
-        v = getattr(a, f.name)
-        if v is not None:
-            raw[f.name] = v
-    missing = [f.name for f in fields(cls) if f.name not in raw and f.default is MISSING
-               and f.default_factory is MISSING]
-    if missing:
-        raise ValueError(f"missing config fields: {missing}")
-    return cls(**raw)
+    trajectories: str | None = opt(None, "offline: pair the episodes of this trajectory JSONL file (no sampling)")
+    num_tasks: int = opt(32, "online: tasks drawn from the env (seeds task_seed ... task_seed + n - 1)")
+    task_seed: int = opt(0, "online: first seed for drawing tasks")
+    samples_per_task: int = opt(4, "online: episodes sampled per task and round (>= 2)")
+    rounds: int = opt(1, "online: sample-pair-train rounds (the reference model is the policy at each round start)")
+    temperature: float = opt(1.0, "online: sampling temperature")
+    max_turn_tokens: int = opt(64, "online: tokens sampled per assistant turn")
+    num_envs: int = opt(16, "online: parallel sub-envs for sampling")
+    margin: float = opt(0.5, "a pair needs chosen reward - rejected reward >= margin (and strictly greater)")
+    pairs_per_task: int = opt(1, "most pairs per task (and prompt); each episode is used at most once")
+    beta: float = opt(0.1, "DPO beta (strength of the KL to the reference model)")
+    loss_type: str = opt("sigmoid", "TRL DPO loss_type (sigmoid, ipo, hinge, ...)")
+    learning_rate: float = opt(1e-5, "learning rate")
+    batch_size: int = opt(4, "pairs per device batch")
+    gradient_accumulation_steps: int = opt(1, "gradient accumulation steps")
+    epochs: float = opt(1.0, "epochs over each round's pairs (ignored when max_steps > 0)")
+    max_steps: int = opt(-1, "optimizer steps per round (-1: use epochs)")
+    max_length: int | None = opt(None, "truncate prompt + completion to this many tokens (null: no limit)")
+    output_dir: str = opt("runs/dpo", "where the pairs (pairs/ or pairs_round{k}/), trajectories and model go")
+    save_model: bool = opt(True, "save the trained model and tokenizer to output_dir")
+    seed: int = opt(0, "seed (sampling, pairing, training)")
+    threads: int = opt(0, "torch CPU threads (0: torch's default)")
 
 
 def run_dpo(cfg: DPORunConfig, *, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
@@ -439,7 +383,7 @@ def run_dpo(cfg: DPORunConfig, *, model: Any = None, tokenizer: Any = None) -> d
     out.mkdir(parents=True, exist_ok=True)
     env_kwargs = dict(cfg.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
-    summary: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items()}, "rounds": [], "generated_tokens": 0}
+    summary: dict[str, Any] = {"config": asdict(cfg), "rounds": [], "generated_tokens": 0}
     train_kw = dict(beta=cfg.beta, loss_type=cfg.loss_type, learning_rate=cfg.learning_rate,
                     batch_size=cfg.batch_size, gradient_accumulation_steps=cfg.gradient_accumulation_steps,
                     epochs=cfg.epochs, max_steps=cfg.max_steps, max_length=cfg.max_length, seed=cfg.seed)

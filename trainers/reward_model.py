@@ -33,7 +33,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # `python trainers/reward_model.py`
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from toolgym.trajectory import Trajectory  # noqa: E402
+from trainers.runconfig import config_from_argv, opt  # noqa: E402
 
 __all__ = [
     "RewardModelRunConfig",
@@ -248,30 +249,26 @@ def evaluate_agreement(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - the argparse word
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class RewardModelRunConfig:
     """A reward-model run (YAML keys = field names; every field is also a ``--field value`` flag)."""
 
-    train_trajectories: str = _f("", "trajectory JSONL file(s) with env rewards to train on (comma-separated)")
-    heldout_trajectories: str | None = _f(None, "trajectory JSONL file(s) to measure agreement on (never trained on)")
-    model: str | None = _f(None, "base causal LM (path or hub id); null = the embedded SmolLM2-135M-Instruct")
-    within_task: bool = _f(False, "pair episodes of the same task only (default: across tasks)")
-    margin: float = _f(0.5, "a pair needs chosen reward - rejected reward >= margin")
-    pairs_per_task: int = _f(1, "within_task only: most pairs per task")
-    max_pairs: int | None = _f(None, "cap on the number of pairs (null: all)")
-    use_margin: bool = _f(False, "pass the reward gap as TRL's `margin` column")
-    learning_rate: float = _f(5e-5, "learning rate")
-    batch_size: int = _f(8, "pairs per device batch")
-    epochs: float = _f(1.0, "epochs (ignored when max_steps > 0)")
-    max_steps: int = _f(-1, "optimizer steps (-1: use epochs)")
-    threshold: float = _f(0.5, "agreement: a score >= threshold predicts success")
-    output_dir: str = _f("runs/reward_model", "where the model, tokenizer and rm_summary.json go")
-    seed: int = _f(0, "seed")
-    threads: int = _f(0, "torch CPU threads (0: torch's default)")
+    train_trajectories: str = opt("", "trajectory JSONL file(s) with env rewards to train on (comma-separated)")
+    heldout_trajectories: str | None = opt(None, "trajectory JSONL file(s) to measure agreement on (never trained on)")
+    model: str | None = opt(None, "base causal LM (path or hub id); null = the embedded SmolLM2-135M-Instruct")
+    within_task: bool = opt(False, "pair episodes of the same task only (default: across tasks)")
+    margin: float = opt(0.5, "a pair needs chosen reward - rejected reward >= margin")
+    pairs_per_task: int = opt(1, "within_task only: most pairs per task")
+    max_pairs: int | None = opt(None, "cap on the number of pairs (null: all)")
+    use_margin: bool = opt(False, "pass the reward gap as TRL's `margin` column")
+    learning_rate: float = opt(5e-5, "learning rate")
+    batch_size: int = opt(8, "pairs per device batch")
+    epochs: float = opt(1.0, "epochs (ignored when max_steps > 0)")
+    max_steps: int = opt(-1, "optimizer steps (-1: use epochs)")
+    threshold: float = opt(0.5, "agreement: a score >= threshold predicts success")
+    output_dir: str = opt("runs/reward_model", "where the model, tokenizer and rm_summary.json go")
+    seed: int = opt(0, "seed")
+    threads: int = opt(0, "torch CPU threads (0: torch's default)")
 
 
 def _read(files: str) -> list[dict[str, Any]]:
@@ -318,8 +315,6 @@ def run_reward_model(cfg: RewardModelRunConfig, *, model: Any = None, tokenizer:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m trainers.reward_model --config FILE [--field value ...]`` (fields: :class:`RewardModelRunConfig`)."""
-    from trainers.dpo import config_from_argv
-
     cfg = config_from_argv(RewardModelRunConfig, argv, "Train a reward model on env-labelled toolgym trajectories")
     run_reward_model(cfg)
 

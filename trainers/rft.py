@@ -30,43 +30,40 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from trainers.runconfig import opt  # noqa: E402
+
 __all__ = ["RFTConfig", "main", "rft_round", "run_rft", "select_samples"]
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
-    """A dataclass field with an immutable ``default`` and a ``--help`` text."""
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class RFTConfig:
     """Rejection-sampling fine-tuning (``python -m trainers.rft``; ``toolgym train rft``)."""
 
-    env_id: str = _f("toolgym/Calculator-v0", "toolgym env id to sample episodes from")
+    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id to sample episodes from")
     env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "extra env kwargs (JSON on the command line), e.g. {\"max_turns\": 3}"})
-    model: str | None = _f(None, "model directory / hub id / .gguf (default: the embedded SmolLM2-135M)")
-    output_dir: str = _f("runs/rft", "where the model, rft_log.json and trajectories are written")
-    split: str = _f("train", "split the training tasks are drawn from (never the eval split)")
-    tasks: int = _f(64, "number of distinct training tasks per round")
-    task_seed: int = _f(1, "seed drawing the training tasks (toolgym.tasks.draw_tasks)")
-    k: int = _f(4, "samples per task per round")
-    temperature: float = _f(1.0, "sampling temperature (> 0)")
-    threshold: float = _f(1.0, "keep samples whose episode reward is >= this")
-    best_per_task: bool = _f(False, "keep at most one sample per task (the highest reward)")
-    rounds: int = _f(2, "sample -> filter -> fine-tune rounds")
-    epochs: float = _f(1.0, "passes over the kept episodes per round (steps = ceil(epochs * kept / batch))")
-    max_steps: int = _f(0, "cap on SFT steps per round (0: no cap)")
-    lr: float = _f(5e-5, "AdamW learning rate (linear decay within a round)")
-    batch_size: int = _f(8, "episodes per SFT step")
-    max_turn_tokens: int = _f(64, "tokens sampled per assistant turn")
-    num_envs: int = _f(64, "episodes sampled in parallel")
-    eval_split: str = _f("test", "held-out split for per-round evaluation")
-    eval_tasks: int = _f(0, "held-out tasks evaluated (greedy) after each round; 0 = no evaluation")
-    eval_seed: int = _f(10_000, "seed drawing the held-out tasks, and their first env seed (same every round)")
-    seed: int = _f(0, "seed of sampling and SFT batch order")
-    threads: int = _f(0, "torch CPU threads (0: torch's default)")
-    save: bool = _f(True, "save the final model (Hugging Face format) to output_dir")
+    model: str | None = opt(None, "model directory / hub id / .gguf (default: the embedded SmolLM2-135M)")
+    output_dir: str = opt("runs/rft", "where the model, rft_log.json and trajectories are written")
+    split: str = opt("train", "split the training tasks are drawn from (never the eval split)")
+    tasks: int = opt(64, "number of distinct training tasks per round")
+    task_seed: int = opt(1, "seed drawing the training tasks (toolgym.tasks.draw_tasks)")
+    k: int = opt(4, "samples per task per round")
+    temperature: float = opt(1.0, "sampling temperature (> 0)")
+    threshold: float = opt(1.0, "keep samples whose episode reward is >= this")
+    best_per_task: bool = opt(False, "keep at most one sample per task (the highest reward)")
+    rounds: int = opt(2, "sample -> filter -> fine-tune rounds")
+    epochs: float = opt(1.0, "passes over the kept episodes per round (steps = ceil(epochs * kept / batch))")
+    max_steps: int = opt(0, "cap on SFT steps per round (0: no cap)")
+    lr: float = opt(5e-5, "AdamW learning rate (linear decay within a round)")
+    batch_size: int = opt(8, "episodes per SFT step")
+    max_turn_tokens: int = opt(64, "tokens sampled per assistant turn")
+    num_envs: int = opt(64, "episodes sampled in parallel")
+    eval_split: str = opt("test", "held-out split for per-round evaluation")
+    eval_tasks: int = opt(0, "held-out tasks evaluated (greedy) after each round; 0 = no evaluation")
+    eval_seed: int = opt(10_000, "seed drawing the held-out tasks, and their first env seed (same every round)")
+    seed: int = opt(0, "seed of sampling and SFT batch order")
+    threads: int = opt(0, "torch CPU threads (0: torch's default)")
+    save: bool = opt(True, "save the final model (Hugging Face format) to output_dir")
 
 
 def select_samples(trajectories: Sequence[Any], threshold: float, *, best_per_task: bool = False) -> list[Any]:

@@ -100,17 +100,25 @@ def collect(
     return [t for t in trajs if t.reward >= threshold], trajs
 
 
+def _episode_rows(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> list[tuple[list, list, list]]:
+    """``(prompt_ids, completion_ids, loss_mask)`` lists of each trajectory (or its JSONL dict), lengths checked."""
+    rows = []
+    for t in trajectories:
+        get = (lambda k, t=t: t[k]) if isinstance(t, Mapping) else (lambda k, t=t: getattr(t, k))
+        p, c, m = list(get("prompt_ids")), list(get("completion_ids")), list(get("loss_mask"))
+        if len(c) != len(m):
+            raise ValueError(f"completion_ids ({len(c)}) and loss_mask ({len(m)}) differ in length")
+        rows.append((p, c, m))
+    return rows
+
+
 def sft_dataset(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> Any:
     """A ``datasets.Dataset`` with ``input_ids`` (prompt + completion) and ``assistant_masks`` (0 on the prompt,
     then the loss mask: 1 only on tokens the policy sampled). Accepts trajectories or their JSONL dicts."""
     from datasets import Dataset
 
     ids, masks = [], []
-    for t in trajectories:
-        get = (lambda k, t=t: t[k]) if isinstance(t, Mapping) else (lambda k, t=t: getattr(t, k))
-        p, c, m = list(get("prompt_ids")), list(get("completion_ids")), list(get("loss_mask"))
-        if len(c) != len(m):
-            raise ValueError(f"completion_ids ({len(c)}) and loss_mask ({len(m)}) differ in length")
+    for p, c, m in _episode_rows(trajectories):
         ids.append(p + c)
         masks.append([0] * len(p) + [int(x) for x in m])
     return Dataset.from_dict({"input_ids": ids, "assistant_masks": masks})
@@ -121,13 +129,7 @@ def pad_sft_batch(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> tup
     positions whose ``loss_mask`` is 1 (tokens the policy wrote)."""
     import torch
 
-    rows = []
-    for t in trajectories:
-        get = (lambda k, t=t: t[k]) if isinstance(t, Mapping) else (lambda k, t=t: getattr(t, k))
-        p, c, m = list(get("prompt_ids")), list(get("completion_ids")), list(get("loss_mask"))
-        if len(c) != len(m):
-            raise ValueError(f"completion_ids ({len(c)}) and loss_mask ({len(m)}) differ in length")
-        rows.append((p, c, m))
+    rows = _episode_rows(trajectories)
     width = max(len(p) + len(c) for p, c, _ in rows)
     ids = torch.zeros((len(rows), width), dtype=torch.long)
     attn = torch.zeros_like(ids)

@@ -300,9 +300,7 @@ def _numeric(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     out: dict[str, float] = {}
     for k, v in metrics.items():
         key = f"{prefix}{k}"
-        if isinstance(v, bool):
-            out[key] = float(v)
-        elif isinstance(v, int | float):
+        if isinstance(v, int | float):  # bool included
             out[key] = float(v)
         elif isinstance(v, Mapping):
             out.update(_numeric(v, key + "/"))

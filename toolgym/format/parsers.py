@@ -240,7 +240,7 @@ class HermesParser(ToolCallParser):
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
-    template_markers = (("<tool_call>", '"arguments"'), ("<tool_call>", "arguments"))
+    template_markers = (("<tool_call>", "arguments"),)
 
     def parse(self, text: str) -> ParsedTurn:
         try:
