@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.procs import free_port
 from tests.rollout_files import make_rollout_file
 from toolgym.cli import BENCHMARKS, SERVERS, ExitCode, build_parser, main
 from toolgym.envs.registration import ENVS
@@ -31,12 +31,6 @@ ENV = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 def toolgym(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     cmd = [TOOLGYM, *args] if TOOLGYM else [sys.executable, "-m", "toolgym.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_exit_codes_are_stable() -> None:

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 mlflow = pytest.importorskip("mlflow", reason="the registry needs the [registry] extra (mlflow)")
 
+from tests.procs import free_port  # noqa: E402
 from toolgym.cli import ExitCode, main  # noqa: E402
 
 ENV = "toolgym/Calculator-v0"
@@ -71,17 +71,11 @@ def sqlite_store(tmp_path, monkeypatch) -> Path:
     return tmp_path / "runs"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on a free loopback port (SQLite backend, proxied artifacts)."""
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).with_name("mlflow")
     cmd = [str(exe) if exe.exists() else "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
@@ -262,7 +256,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_registers_nothing(sqlite_s
     assert _cli(capsys, "registry", "attach-eval", "m", "1", "--eval", str(good))[0] == 0
     assert _cli(capsys, "registry", "promote", "m", "1")[0] == 0
     # an unreachable tracking server: exit 4 at once (no minutes of retries)
-    os.environ["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{_free_port()}"
+    os.environ["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{free_port()}"
     try:
         t0 = time.monotonic()
         rc, _, err = _cli(capsys, "registry", "list", "m")

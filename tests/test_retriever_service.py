@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import gymnasium as gym
 import pytest
 
 import toolgym  # noqa: F401 - registers the envs
+from tests.procs import free_port
 from toolgym.data.geo import default_retriever, load_geo
 from toolgym.format.parsers import get_parser
 from toolgym.serve.retriever import BackgroundServer
@@ -34,12 +34,6 @@ def local():
 def server(local):
     with BackgroundServer(local, max_topk=50, max_queries=100, max_body_bytes=64 * 1024) as srv:
         yield srv
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _post(url: str, data: Any, *, raw: bool = False) -> tuple[int, Any]:
@@ -118,13 +112,13 @@ async def test_client_classifies_failures(server):
         await client.abatch_search(["France"], 10**6)  # the server says 422
     assert not e.value.retryable and "422" in e.value.message and "between 1 and 50" in e.value.message
     await client.aclose()
-    down = RemoteRetriever(f"http://127.0.0.1:{_free_port()}/retrieve", timeout_s=2)
+    down = RemoteRetriever(f"http://127.0.0.1:{free_port()}/retrieve", timeout_s=2)
     with pytest.raises(ToolError) as e:
         await down.asearch("France", 3)
     assert e.value.retryable and e.value.kind is ToolErrorKind.EXCEPTION and "unreachable" in e.value.message
     await down.aclose()
     # several endpoints: a dead one is skipped
-    both = RemoteRetriever([f"http://127.0.0.1:{_free_port()}/retrieve", server.url])
+    both = RemoteRetriever([f"http://127.0.0.1:{free_port()}/retrieve", server.url])
     for _ in range(2):
         assert (await both.abatch_search(["Chile"], 1))[0][0].passage.id == "country-CL"
     await both.aclose()
@@ -180,7 +174,7 @@ def test_cli_serves_a_search_r1_corpus_file(tmp_path):
         json.dumps({"id": str(i), "contents": f'"Page {i}"\nThis page is about topic{i} and nothing else.'}) + "\n"
         for i in range(50)
     ))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolgym.serve.retriever", "--corpus", str(corpus), "--port", str(port),
          "--backend", "numpy", "--max-topk", "5"],
