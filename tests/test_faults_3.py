@@ -4,13 +4,26 @@ behind ``--out``. Each case has a deadline; a case that could hang the process r
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from toolgym.cli import main as cli_main
+from toolgym.envs.base import ToolEnv
+from toolgym.errors import OutputFileError
+from toolgym.jsonl import JSONLStream, check_writable, read_jsonl, write_jsonl
+from toolgym.models import load_tokenizer
+from toolgym.rollout import RolloutDriver, ScriptedPolicy, read_trajectories
+from toolgym.tools.executor import ToolExecutor
+from toolgym.tools.function import tool
+from toolgym.trajectory import check_trajectory_row
+from toolgym.vector import ToolVectorEnv
 
 ROOT = Path(__file__).parent.parent
 SCRIPTS = Path(__file__).parent / "fault_scripts"
@@ -39,3 +52,139 @@ def test_work_a_call_brings_never_freezes_the_loop(case) -> None:
         assert r["kind"] == "invalid_arguments" and "does not match" in r["content"], r
     else:
         assert r["kind"] == "invalid_arguments" and r["took"] < 10, r
+
+
+# -- 3. deeply nested arguments reach the JSONL writer -------------------------------------------------------------
+@tool
+async def say(text: str) -> str:
+    """Say text.
+
+    Args:
+        text: what to say
+    """
+    return f"said {text}"
+
+
+def _deep_caller(levels: int, fn, *args):
+    """Call ``fn`` from ``levels`` frames down (the writer runs deeper in a real caller's stack than the parser)."""
+    return fn(*args) if levels == 0 else _deep_caller(levels - 1, fn, *args)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_deeply_nested_arguments_keep_every_row_whole(schedule, tmp_path) -> None:
+    depth = 900  # parses on the runtime loop's thread; cannot be encoded 300 frames down
+    deep = '<tool_call>{"name": "say", "arguments": {"text": "x", "more": ' + "[" * depth + "1" + "]" * depth + "}}</tool_call>"
+    tok = load_tokenizer()
+
+    def make(executor=None):
+        return ToolEnv([{"id": f"t{i}", "prompt": "p"} for i in range(4)], executor=executor, tokenizer=tok,
+                       max_turns=2)  # fmt: skip
+
+    venv = ToolVectorEnv(make, 2, executor=ToolExecutor([say]), autoreset_mode="disabled")
+    policy = ScriptedPolicy(lambda st: deep if st.turn == 0 and st.index == 1 else "<answer>a</answer>")
+    driver = RolloutDriver(venv, policy, schedule=schedule, max_turn_tokens=100_000)
+    out = tmp_path / "t.jsonl"
+    with JSONLStream(out) as stream:  # as `toolgym rollout` writes, episode by episode
+        trajs = driver.run([None] * 4, seeds=0, on_episode=lambda _k, t: _deep_caller(300, stream.write, t.to_dict()))
+    assert len(trajs) == 4
+    rows = read_trajectories(out)  # before: RecursionError, the run aborted with 1 of 4 rows written
+    assert len(rows) == 4
+    cut = [r for r in rows if "write_error" in r]
+    assert len(cut) == 1 and cut[0]["write_error"].startswith("too_deep")
+    for r in rows:
+        check_trajectory_row(r)  # `toolgym view` reads every row
+
+
+# -- 8. a full disk under --out ----------------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_a_failed_write_leaves_whole_rows_and_is_classified(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "t.jsonl"
+    stream = JSONLStream(out)
+    stream.write({"row": 0, "pad": "a" * 100})
+    real_write = os.write
+
+    def disk_fills(fd, data):  # the kernel takes part of the row, then the disk is full
+        if fd == stream.fh.fileno() and len(data) > 10:
+            real_write(fd, bytes(data[:10]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", disk_fills)
+    with pytest.raises(OutputFileError, match="No space left"):
+        stream.write({"row": 1, "pad": "b" * 100})
+    monkeypatch.undo()
+    stream.close()
+    assert [r["row"] for r in read_jsonl(out)] == [0]  # before: a cut last row, which `view` refuses
+    assert out.read_bytes().endswith(b"\n")
+
+
+def _userns() -> bool:
+    try:
+        return subprocess.run(["unshare", "-r", "-m", "true"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not _userns(), reason="needs unprivileged user + mount namespaces (a private small tmpfs)")
+def test_rollout_onto_a_full_disk_exits_3_with_whole_rows(tmp_path) -> None:
+    disk, copy = tmp_path / "disk", tmp_path / "copy.jsonl"
+    disk.mkdir()
+    # a 256 KiB tmpfs of its own (a private mount namespace) with 232 KiB taken: a few rows fit, then ENOSPC
+    cmd = (f"mount -t tmpfs -o size=256k none {disk} && head -c 237568 /dev/zero > {disk}/fill; "
+           f"{sys.executable} -m toolgym.cli rollout calculator --policy tiny --episodes 24 --max-new-tokens 48 "
+           f"--out {disk}/t.jsonl --no-progress; rc=$?; cp {disk}/t.jsonl {copy}; exit $rc")
+    r = subprocess.run(["unshare", "-r", "-m", "sh", "-c", cmd], capture_output=True, text=True, timeout=280,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 3, r.stderr[-3000:]  # before: 1
+    err = [ln for ln in r.stderr.splitlines() if ln.startswith("toolgym: error:")]
+    assert len(err) == 1 and "No space left on device" in err[0], r.stderr[-2000:]
+    rows = read_trajectories(copy)  # every row whole (before: a cut last row)
+    assert 0 < len(rows) < 24
+    assert copy.read_bytes().endswith(b"\n")
+
+
+# -- 9. --out naming something that is not a regular file ------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_out_through_a_symlink_keeps_the_link_and_writes_its_target(tmp_path) -> None:
+    target, link = tmp_path / "real.jsonl", tmp_path / "link.jsonl"
+    target.write_text('{"old": 1}\n')
+    link.symlink_to(target)
+    check_writable(link)
+    with JSONLStream(link) as s:
+        s.write({"new": 1})
+    assert link.is_symlink() and os.readlink(link) == str(target)  # before: replaced by a regular file
+    assert read_jsonl(target) == [{"new": 1}]
+    write_jsonl(link, [{"again": 2}])
+    assert link.is_symlink() and read_jsonl(target) == [{"again": 2}]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "device", "link_to_fifo"])
+def test_out_naming_a_device_or_fifo_is_refused_and_left_alone(kind, tmp_path, capsys) -> None:
+    node = tmp_path / "node"
+    if kind == "device":
+        if os.geteuid() != 0:
+            pytest.skip("creating a device node needs root")
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))  # a private /dev/null
+    else:
+        os.mkfifo(node)
+    out = node
+    if kind == "link_to_fifo":
+        out = tmp_path / "link"
+        out.symlink_to(node)
+    mode = node.lstat().st_mode
+    with pytest.raises(OutputFileError, match="not a regular file"):
+        check_writable(out)
+    with pytest.raises(OutputFileError, match="not a regular file"):
+        JSONLStream(out).write({"a": 1})
+    with pytest.raises(OutputFileError):
+        write_jsonl(out, [{"a": 1}])
+    assert node.lstat().st_mode == mode and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {"node", out.name})  # nothing replaced, nothing left next to it  # fmt: skip
+    code = cli_main(["rollout", "calculator", "--policy", "tiny", "--episodes", "1", "--out", str(out)])
+    assert code == 3
+    assert "not a regular file" in capsys.readouterr().err
+    assert node.lstat().st_mode == mode

@@ -61,6 +61,7 @@ from toolgym.cli_common import (
 from toolgym.cli_eval import add_parser as add_eval_parser
 from toolgym.cli_eval import add_run_args
 from toolgym.cli_view import add_parsers as add_view_parsers
+from toolgym.errors import OutputFileError
 
 __all__ = [
     "BENCHMARKS",
@@ -299,6 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse (2) and --help/--version (0)
         code = e.code
         return code if isinstance(code, int) else (ExitCode.OK if code is None else ExitCode.USAGE)
+    except OutputFileError as e:  # a full disk, a device behind --out: unwritable output (3), rows kept whole
+        if debug:
+            raise
+        print_error(e.strerror or str(e))
+        return ExitCode.INPUT
     except Exception as e:  # noqa: BLE001 - the command line reports, it does not crash
         if debug:
             raise

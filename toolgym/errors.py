@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["InputFileError"]
+__all__ = ["InputFileError", "OutputFileError"]
 
 
 class InputFileError(ValueError):
@@ -11,3 +11,9 @@ class InputFileError(ValueError):
     The message names the file (and line when there is one). A missing file is ``FileNotFoundError``. The
     ``toolgym`` command exits with code 3 for both.
     """
+
+
+class OutputFileError(OSError):
+    """An output file (``--out``, a trajectory file) cannot be written: a full disk, no permission, or a path that
+    is not a regular file (a device, a FIFO, a directory). The message names the file; rows already written are
+    whole. The ``toolgym`` command exits with code 3."""
