@@ -4,24 +4,30 @@ behind ``--out``. Each case has a deadline; a case that could hang the process r
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from toolgym import runtime
 from toolgym.cli import main as cli_main
 from toolgym.envs.base import ToolEnv
 from toolgym.errors import OutputFileError
 from toolgym.jsonl import JSONLStream, check_writable, read_jsonl, write_jsonl
 from toolgym.models import load_tokenizer
 from toolgym.rollout import RolloutDriver, ScriptedPolicy, read_trajectories
+from toolgym.tools.base import ToolCall, ToolErrorKind
 from toolgym.tools.executor import ToolExecutor
 from toolgym.tools.function import tool
+from toolgym.tools.sql import SQLTool
 from toolgym.trajectory import check_trajectory_row
 from toolgym.vector import ToolVectorEnv
 
@@ -188,3 +194,53 @@ def test_out_naming_a_device_or_fifo_is_refused_and_left_alone(kind, tmp_path, c
     assert code == 3
     assert "not a regular file" in capsys.readouterr().err
     assert node.lstat().st_mode == mode
+
+
+# -- 6. SQL-v0: functions on an allow-list, slow queries in their own threads ------------------------------------------
+@pytest.fixture
+def db(tmp_path) -> Path:
+    path = tmp_path / "x.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (id INTEGER, doc TEXT)")
+    con.executemany("INSERT INTO t VALUES (?, ?)", [(i, json.dumps({"n": i})) for i in range(100)])
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_sql_functions_off_the_allow_list_are_refused_by_name(db) -> None:
+    ex = ToolExecutor([SQLTool(db)])
+
+    def run(q: str):
+        return runtime.run_sync(ex.run(ToolCall("execute_sql", {"query": q})))
+
+    for q in ("SELECT fts3_tokenizer('simple')", "SELECT hex(fts3_tokenizer('simple'))",
+              "SELECT fts3_tokenizer('simple', x'4141414141414141')", "SELECT sqlite_compileoption_get(0)"):
+        r = run(q)  # before: a library address, or an internal pointer overwritten
+        assert r.error_kind is ToolErrorKind.EXCEPTION and "refused" in r.content and "function" in r.content, r
+    assert "fts3_tokenizer()" in run("SELECT fts3_tokenizer('simple')").content
+    ok = run("SELECT count(*), max(doc ->> '$.n'), upper('a'), round(avg(id), 1), date('2024-01-02') FROM t")
+    assert ok.ok and "99" in ok.content and "2024-01-02" in ok.content, ok.content
+
+
+@pytest.mark.timeout(120)
+def test_a_fast_query_does_not_wait_behind_slow_ones(db) -> None:
+    tool_ = SQLTool(db, time_limit_s=3.0)
+    ex = ToolExecutor([tool_], default_timeout_s=30)
+    slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
+
+    async def go():
+        slow_calls = [asyncio.ensure_future(ex.run(ToolCall("execute_sql", {"query": slow}))) for _ in range(32)]
+        await asyncio.sleep(0.3)  # the slow ones have taken their threads
+        t0 = time.perf_counter()
+        fast = await ex.run(ToolCall("execute_sql", {"query": "SELECT count(*) FROM t"}))
+        took = time.perf_counter() - t0
+        slow_results = await asyncio.gather(*slow_calls)
+        return fast, took, slow_results
+
+    fast, took, slow_results = runtime.run_sync(go())
+    assert fast.ok and "100" in fast.content
+    assert all(r.error_kind is ToolErrorKind.TIMEOUT for r in slow_results)
+    # before: asyncio's default pool (min(32, cpus + 4) threads): the fast query waited for waves of slow ones
+    assert took < 2.0, took
