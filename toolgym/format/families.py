@@ -8,8 +8,8 @@ malformed call becomes a :class:`~toolgym.tools.base.ToolCall` with ``parse_erro
 name                 format (what the model writes)
 ===================  =====================================================================================
 ``qwen3_coder``      ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
-                     (Qwen3-Coder, Qwen3.5+); alias ``qwen3_xml``. Values are text, converted with the tool's
-                     parameter types (a ``string`` parameter stays text; others are read as JSON when they parse).
+                     (Qwen3-Coder, Qwen3.5+); alias ``qwen3_xml``; in :mod:`toolgym.format.qwen3_xml`. Values are
+                     text, converted with the tool's JSON schema; tags inside values told from real ones by it.
 ``deepseek_v3``      ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>``
 ``deepseek_v31``     V3.1's variant: ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
 ``openai``           GPT-OSS harmony: messages ``[<|start|>assistant]HEADER<|message|>BODY<|end|>|<|call|>|<|return|>``;
@@ -36,6 +36,7 @@ from toolgym.format.parsers import (
     _split_reasoning,
     register_parser,
 )
+from toolgym.format.qwen3_xml import Qwen3CoderParser  # registered here, before the families below
 from toolgym.tools.base import ToolCall
 
 __all__ = [
@@ -127,11 +128,6 @@ def _arg_text(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list) else str(v)
 
 
-# -- Qwen3-Coder / Qwen3.5 XML ---------------------------------------------------------------------
-_FUNC = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)
-_PARAM = re.compile(r"<parameter=([^>\n]*)>(.*?)(</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
-
-
 class _ToolCallBlocks:
     """Mixin (before :class:`_Guarded`): calls in ``<tool_call>...</tool_call>`` blocks, each read by the family's
     ``_call(inner)``; reasoning split off first."""
@@ -144,48 +140,6 @@ class _ToolCallBlocks:
 
     def _call(self, inner: str) -> ToolCall:  # pragma: no cover - overridden
         raise NotImplementedError
-
-
-@register_parser("qwen3_coder", "qwen3_xml")
-class Qwen3CoderParser(_ToolCallBlocks, _Guarded):
-    """Qwen3-Coder / Qwen3.5 XML calls. Errors: unclosed ``<tool_call>``/``<function=``/``<parameter=``, a block
-    without ``<function=NAME>``, an empty name, a repeated parameter, text after ``</function>``."""
-
-    stop_tokens = ("<|im_end|>", "<|endoftext|>")
-    template_markers = (("<function=", "<parameter="),)
-
-    def _call(self, inner: str) -> ToolCall:
-        raw = f"<tool_call>{inner}</tool_call>"
-        m = _FUNC.search(inner)
-        if m is None:
-            return ToolCall("", raw=raw, parse_error="a <tool_call> block needs <function=NAME>")
-        name = m.group(1).strip()
-        if not name:
-            return ToolCall("", raw=raw, parse_error="empty function name in <function=>")
-        if not m.group(3):
-            return ToolCall(name, raw=raw, parse_error=f"<function={name}> is not closed by </function>")
-        if inner[: m.start()].strip() or inner[m.end() :].strip():
-            return ToolCall(name, raw=raw, parse_error="unexpected text around <function=...> in a <tool_call>")
-        args: dict[str, Any] = {}
-        for p in _PARAM.finditer(m.group(2)):
-            key = p.group(1).strip()
-            if not p.group(3):
-                return ToolCall(name, raw=raw, parse_error=f"<parameter={key}> is not closed by </parameter>")
-            if key in args:
-                return ToolCall(name, raw=raw, parse_error=f"parameter {key!r} given twice")
-            val = p.group(2)
-            val = val[1:] if val.startswith("\n") else val
-            val = val[:-1] if val.endswith("\n") else val
-            args[key] = self._typed(name, key, val)
-        return ToolCall(name, args, raw=raw)
-
-    def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        blocks = []
-        for name, args in calls:
-            params = "".join(f"<parameter={k}>\n{_arg_text(v)}\n</parameter>\n" for k, v in args.items())
-            blocks.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
-        out = "\n".join(blocks)
-        return f"{content}\n\n{out}" if content and out else content or out
 
 
 # -- DeepSeek V3 / V3.1 ----------------------------------------------------------------------------
@@ -535,6 +489,8 @@ class HarmonyParser(_Guarded):
                     calls.append(ToolCall(name, raw=chunk, parse_error=f"a call to {target!r} has no <|message|>"))
                 elif not name:
                     calls.append(ToolCall("", raw=chunk, parse_error="empty recipient in a harmony call"))
+                elif not body.strip():  # vLLM makes this a call with arguments "" (not JSON): reported instead
+                    calls.append(ToolCall(name, raw=chunk, parse_error=f"a call to {target!r} has no arguments"))
                 else:
                     calls.append(_json_object(body, chunk, name))
             elif not sep:
