@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tests.vllm_parser_cases import CASES, SOURCES, Case
+from tests.vllm_cases import CASES, SOURCES, Case
 from toolgym.format.parsers import get_parser, list_parsers
 
 

@@ -1,46 +1,8 @@
-"""vLLM's own non-streaming tool-parser test cases, as data: the model output, the tools vLLM was given, and the
-calls vLLM's parser of the same name returns (read from its tests and its parser code); each with toolgym's
-expected reading of the same text (``tests/test_vllm_parity.py`` checks every one).
-
-Facts only (inputs and vLLM's results), written here as data; no vLLM code or prose. ``SOURCES`` names the vLLM
-commit each test file was read at (repository ``vllm-project/vllm``, directory ``tests/tool_parsers/``).
-
-``toolgym``: ``"agree"`` (the same calls, no parse error), ``"stricter"`` (a parse error the model reads where
-vLLM recovers a call or reads text; every call toolgym does make is one of vLLM's, in order) or ``"text"``
-(toolgym reads the turn as an answer where vLLM finds a call); ``why`` says why for the last two.
-"""
+"""vLLM's non-streaming cases for ``qwen3_coder`` / ``qwen3_xml``, ``llama3_json`` and ``openai`` (harmony)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
-SOURCES = {
-    "test_qwen3_xml_coder_shared.py": "00d0a333ba9b8e40eb35fc0b54b4ae96114f30b3",
-    "test_qwen3coder_tool_parser.py": "049d8df27dda4fd0caffa289ea12bfe5a47ac794",
-    "test_llama3_json_tool_parser.py": "1e499e36c5828a75c6ca8b76631d264be1187005",
-    "test_openai_tool_parser.py": "15c99cb111e626d885d7f54a0b57dc9ff10168db",
-}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One vLLM test case. ``vllm``: the calls vLLM returns, ``(name, arguments)`` (arguments as vLLM's JSON
-    decoded, or the raw string when vLLM passes a non-JSON string on)."""
-
-    parsers: tuple[str, ...]
-    source: str  # "<vLLM test file>::<test>[case]"
-    text: str
-    vllm: list[tuple[str, Any]]
-    tools: list[dict[str, Any]] = field(default_factory=list)
-    toolgym: str = "agree"
-    why: str = ""
-
-
-def tool(tool_name: str, /, **props: dict[str, Any]) -> dict[str, Any]:
-    """A tool schema as the OpenAI API writes it."""
-    return {"type": "function", "function": {"name": tool_name, "parameters": {"type": "object", "properties": props}}}
-
+from tests.vllm_cases.base import Case, tool
 
 S = {"type": "string"}
 QWEN = ("qwen3_coder", "qwen3_xml")
