@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 
 from tests.vllm_cases import CASES, SOURCES, Case
+from tests.vllm_cases.base import tool as tool_schema
 from toolgym.format.parsers import get_parser, list_parsers
 
 
@@ -61,3 +62,70 @@ def counts() -> dict[str, Counter[str]]:
 if __name__ == "__main__":  # the table in docs/families.md
     for name, cnt in sorted(counts().items()):
         print(f"{name}: " + ", ".join(f"{k} {cnt[k]}" for k in ("agree", "stricter", "text", "wrong")))
+
+
+def _one(name: str, text: str, tools: list) -> tuple:
+    p = get_parser(name)
+    p.set_tools(tools)
+    (call,) = p.parse(text).calls
+    return call.name, call.arguments, call.parse_error
+
+
+def _qcall(name: str, key: str, value: str) -> str:
+    return f"<tool_call>\n<function={name}>\n<parameter={key}>\n{value}\n</parameter>\n</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize(
+    ("spec", "value", "want"),
+    [
+        ({"type": ["integer", "null"]}, "4.5", 4.5),  # a type list: read as a Python literal, as vLLM does
+        ({"type": ["string", "null"]}, "hello", "hello"),
+        ({"type": ["integer", "null"]}, "None", None),
+        ({"oneOf": [{"type": "integer"}, {"type": "null"}]}, "7", "7"),  # vLLM reads only anyOf: text
+        ({"type": "number"}, "2.0", 2),
+        ({"type": "number"}, "nan", "nan"),
+        ({"type": "integer"}, "x", "x"),
+        ({"type": "object"}, "{'a': (1, 2)}", {"a": [1, 2]}),
+        ({"type": "array"}, '"[1, 2]"', [1, 2]),
+        ({}, "42", "42"),  # a schema without a type is text
+    ],
+)
+def test_qwen3_coder_types_values_as_vllm_does(spec, value, want):
+    name, args, err = _one("qwen3_coder", _qcall("f", "x", value), [tool_schema("f", x=spec)])
+    assert err is None and args == {"x": want} and type(args["x"]) is type(want)
+
+
+@pytest.mark.parametrize(
+    ("spec", "value", "error"),
+    [
+        ({"type": "boolean"}, "yes", "expected true or false"),  # vLLM would guess false
+        ({"type": "number"}, "1e999", "not a finite number"),  # vLLM's turn fails: no call
+        ({"type": "object"}, "{1, 2}", "no JSON form"),  # a Python set: vLLM's turn fails
+    ],
+)
+def test_qwen3_coder_reports_values_vllm_would_guess_or_fail_on(spec, value, error):
+    _, _, err = _one("qwen3_coder", _qcall("f", "x", value), [tool_schema("f", x=spec)])
+    assert err is not None and error in err
+
+
+def test_qwen3_coder_names_and_parameters_outside_the_schema():
+    # a parameter the schema lacks stays text; without any schema every value is text (vLLM: the same)
+    assert _one("qwen3_coder", _qcall("f", "y", "42"), [tool_schema("f", x={"type": "integer"})])[1] == {"y": "42"}
+    assert _one("qwen3_coder", _qcall("f", "x", "42"), [])[1] == {"x": "42"}
+    for bad in ("{{ tc.name }}", "get weather", "f'", ""):
+        assert _one("qwen3_coder", _qcall(bad, "x", "1"), [])[2] is not None
+
+
+@pytest.mark.parametrize(
+    ("spec", "value", "want"),
+    [
+        ({"type": ["string", "null"]}, "42", "42"),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "42", "42"),
+        ({"type": "integer"}, "True", True),  # not JSON but a Python literal, as vLLM reads it
+        ({"type": "object"}, "{'a': 1}", {"a": 1}),
+        ({}, "2025-08-01", "2025-08-01"),
+    ],
+)
+def test_glm_types_values_as_vllm_does(spec, value, want):
+    text = f"<tool_call>f<arg_key>x</arg_key><arg_value>{value}</arg_value></tool_call>"
+    assert _one("glm45", text, [tool_schema("f", x=spec)])[1] == {"x": want}

@@ -20,6 +20,7 @@ SOURCES = {
     "test_qwen3_xml_coder_shared.py": "00d0a333ba9b8e40eb35fc0b54b4ae96114f30b3",
     "test_qwen3coder_tool_parser.py": "049d8df27dda4fd0caffa289ea12bfe5a47ac794",
     "test_qwen3xml_tool_parser.py": "1cbe721380ab9295854e4db1e819c40b14c54828",
+    "test_qwen36_bugs.py": "c164555e412e3a867d3fcfb40033020fe879596d",
     "test_llama3_json_tool_parser.py": "1e499e36c5828a75c6ca8b76631d264be1187005",
     "test_openai_tool_parser.py": "15c99cb111e626d885d7f54a0b57dc9ff10168db",
     "test_hermes_tool_parser.py": "0eb73d6a09be117cdd0d4da4d6239321001c0d0c",

@@ -150,6 +150,9 @@ CASES: list[Case] = [
     Case(("qwen3_coder",), CODER + "test_extract_tool_calls[parallel_tools]", DALLAS + "\n" + ORLANDO,
          [("get_current_weather", DALLAS_ARGS),
           ("get_current_weather", {"city": "Orlando", "state": "FL", "unit": "fahrenheit"})], WEATHER_AREA),
+    *[Case((name,), f"test_qwen36_bugs.py::test_{kind}_array_with_json_bool_nonstreaming",
+           _q("pick", ("items", '["a", "b", 1, true]')), [("pick", {"items": ["a", "b", 1, True]})],
+           [tool("pick", items={"type": "array"})]) for name, kind in (("qwen3_xml", "xml"), ("qwen3_coder", "coder"))],
     # -- llama3_json -------------------------------------------------------------------------------------------------
     Case(("llama3_json",), LLAMA + "test_extract_tool_calls_simple",
          'Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} Would you like to know more?',

@@ -42,6 +42,8 @@ __all__ = [
     "close_of_value",
     "convert_value",
     "function_end",
+    "json_value",
+    "python_literal",
     "resolve_type",
     "skip_ws",
     "valid_function_name",
@@ -166,7 +168,7 @@ def resolve_type(spec: Any) -> tuple[str, bool]:
     return typ, nullable
 
 
-def _json_value(v: Any) -> Any:
+def json_value(v: Any) -> Any:
     """``v`` as plain JSON data (tuples become lists); ValueError when it has no JSON form (sets, NaN, bytes)."""
     try:
         return json.loads(json.dumps(v, allow_nan=False))
@@ -174,7 +176,7 @@ def _json_value(v: Any) -> Any:
         raise ValueError(f"value has no JSON form: {e}") from None
 
 
-def _literal(text: str) -> Any:
+def python_literal(text: str) -> Any:
     """A Python literal (``{'k': 'v'}``, ``None``, ``(1, 2)``), or ValueError."""
     try:
         return ast.literal_eval(text)
@@ -224,20 +226,20 @@ def convert_value(raw: str, spec: Any) -> Any:
         else:
             if isinstance(value, str):  # a JSON string holding a Python repr: read it once more
                 try:
-                    value = _literal(value)
+                    value = python_literal(value)
                 except ValueError:
                     pass
-            return _json_value(value)
+            return json_value(value)
     try:
-        value = _literal(raw)
+        value = python_literal(raw)
     except ValueError:
         return raw
     if container and isinstance(value, str):
         try:
-            value = _literal(value)
+            value = python_literal(value)
         except ValueError:
             pass
-    return _json_value(value)
+    return json_value(value)
 
 
 @register_parser("qwen3_coder", "qwen3_xml")
