@@ -129,3 +129,18 @@ def test_qwen3_coder_names_and_parameters_outside_the_schema():
 def test_glm_types_values_as_vllm_does(spec, value, want):
     text = f"<tool_call>f<arg_key>x</arg_key><arg_value>{value}</arg_value></tool_call>"
     assert _one("glm45", text, [tool_schema("f", x=spec)])[1] == {"x": want}
+
+
+def test_docs_table_has_these_counts():
+    """docs/families.md lists the counts per parser; they must be what the cases give."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "families.md").read_text()
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[1].isdigit():
+            for name in cells[0].replace("`", "").split(" / "):
+                rows[name] = [int(c) for c in cells[1:]]
+    got = {n: [c[k] for k in ("agree", "stricter", "text", "wrong")] for n, c in counts().items()}
+    assert rows == got

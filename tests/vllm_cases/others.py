@@ -133,8 +133,8 @@ CASES: list[Case] = [
          f'{CB}foo{SEP}{{"x":1}}{CE}', [], [], "stricter", NO_CALL),
 ]
 
-NO_ARGS_TOKEN = ("v11+ templates write NAME[ARGS]{...}; vLLM's test text lacks the [ARGS] control token (decoded "
-                 "with special tokens skipped), toolgym reads special tokens, so a call without [ARGS] is a parse error")
+NO_ARGS_TOKEN = ("a v11+ call is NAME[ARGS]{...} (the [ARGS] control token its templates write); NAME directly "
+                 "followed by the JSON, as in vLLM's test text, is a parse error")
 PRE11 = MISTRAL + "test_extract_tool_calls_pre_v11_tokenizer"
 V11 = MISTRAL + "test_extract_tool_calls"
 ADD = '{"name": "add", "arguments":{"a": 3.5, "b": 4}}'
