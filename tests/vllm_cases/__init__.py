@@ -30,6 +30,7 @@ SOURCES = {
     "test_glm4_moe_tool_parser.py": "024364d6695352f41c029121af6b8ecf2ae60184",
     "test_glm47_moe_tool_parser.py": "0ce879769db6d7503db0ecdfb5b503b080720347",
     "test_gemma4_tool_parser.py": "027004de3715411197be51ced325705abcf740a7",
+    "test_format_conformance.py": "0e4c702aa688590f5d68af44c0dd2d0cf0430b01",
 }
 
 CASES: list[Case] = [*_QLO, *_OTHERS]

@@ -283,3 +283,17 @@ CASES += [
     Case(("gemma4",), GEMMA + "test_incomplete_tool_call", f"<|tool_call>call:get_weather{{location:{Q}London", [], [],
          "stricter", "a <|tool_call> not closed by <tool_call|> is a parse error (vLLM reads it as text)"),
 ]
+
+CONF = "test_format_conformance.py::test_documented_format_is_extracted"
+QWEN_SF = "<tool_call>\n<function=get_weather>\n<parameter=city>\nSF\n</parameter>\n</function>\n</tool_call>"
+SF_CALL = [("get_weather", {"city": "SF"})]
+CASES += [
+    Case(H, CONF + "[hermes]", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "SF"}}\n</tool_call>', SF_CALL),
+    Case(("mistral",), CONF + "[mistral]", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "SF"}}]', SF_CALL),
+    Case(("mistral",), CONF + "[mistral_v11]", '[TOOL_CALLS]get_weather{"city": "SF"}', SF_CALL, [], "stricter",
+         NO_ARGS_TOKEN),
+    Case(("qwen3_xml",), CONF + "[qwen3_xml]", QWEN_SF, SF_CALL),
+    Case(("qwen3_coder",), CONF + "[qwen3_coder]", QWEN_SF, SF_CALL),
+    Case(("deepseek_v3",), CONF + "[deepseek_v3]", CB + _ds3("get_weather", '{"city": "SF"}') + CE, SF_CALL),
+    Case(("glm45",), CONF + "[glm4_moe]", _glm("get_weather", ("city", "SF")), SF_CALL),
+]
