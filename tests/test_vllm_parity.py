@@ -144,3 +144,23 @@ def test_docs_table_has_these_counts():
                 rows[name] = [int(c) for c in cells[1:]]
     got = {n: [c[k] for k in ("agree", "stricter", "text", "wrong")] for n, c in counts().items()}
     assert rows == got
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>\n<function=f>\n<parameter=x>\n" + "a</parameter>b" * 20000 + "\n</parameter>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=f>\n<parameter=x>\n</parameter>\n" * 3000,
+        "<tool_call>\n<function=f>\n<parameter=x>\n" + "</parameter>\n<parameter=zz" * 10000,
+    ],
+    ids=["closes-in-a-value", "unclosed-blocks", "unknown-params"],
+)
+def test_qwen3_coder_tag_walk_stays_fast_on_adversarial_text(text):
+    """Telling tags from tag text walks each tag once (a quadratic walk took 20+ s on these; linear: ~0.2 s)."""
+    import time
+
+    p = get_parser("qwen3_coder")
+    p.set_tools([tool_schema("f", x={"type": "string"}, y={"type": "string"})])
+    t0 = time.perf_counter()
+    p.parse(text)
+    assert time.perf_counter() - t0 < 10

@@ -28,6 +28,8 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,9 +41,8 @@ __all__ = [
     "CLOSE_PARAM",
     "OPEN_PARAM",
     "Qwen3CoderParser",
-    "close_of_value",
+    "TagScanner",
     "convert_value",
-    "function_end",
     "json_value",
     "python_literal",
     "resolve_type",
@@ -74,19 +75,9 @@ def valid_function_name(name: str) -> bool:
     return bool(name) and not any(c in _FORBIDDEN_IN_NAME for c in name)
 
 
-def _line_start_open(text: str, pos: int, start: int) -> int:
-    """Index of the next ``<parameter=`` at or after ``pos`` that starts a line or the value (at ``start``);
-    -1 if none."""
-    i = pos
-    while True:
-        i = text.find(OPEN_PARAM, i)
-        if i == -1 or i == start or text[i - 1] == "\n":
-            return i
-        i += 1
-
-
-def _structural_after(text: str, pos: int, names: frozenset[str] | None) -> bool:
-    """Whether ``text[pos:]`` (what follows a ``</parameter>``) starts, after whitespace, with a structural tag."""
+def _structural_after(text: str, pos: int, names: frozenset[str] | None, longest: int) -> bool:
+    """Whether ``text[pos:]`` (what follows a ``</parameter>``) starts, after whitespace, with a structural tag.
+    ``longest``: the longest name in ``names`` (a ``>`` further away cannot end a schema name)."""
     n = len(text)
     while pos < n and text[pos] in _WS:
         pos += 1
@@ -96,51 +87,82 @@ def _structural_after(text: str, pos: int, names: frozenset[str] | None) -> bool
         return False
     if names is None:
         return True
-    end = text.find(">", pos + len(OPEN_PARAM))
-    return end != -1 and text[pos + len(OPEN_PARAM) : end] in names
+    first = pos + len(OPEN_PARAM)
+    end = text.find(">", first, first + longest + 1)
+    return end != -1 and text[first:end] in names
 
 
-def close_of_value(text: str, start: int, names: frozenset[str] | None) -> int:
-    """Index in ``text`` of the ``</parameter>`` that closes the value starting at ``start`` (right after
-    ``<parameter=KEY>``), or -1. ``names``: the tool's parameter names from its schema (``None``: no schema,
-    any name is structural)."""
-    depth, pos = 0, start
-    while True:
-        close = text.find(CLOSE_PARAM, pos)
-        if close == -1:
-            return -1
-        opened = _line_start_open(text, pos, start)
-        if opened != -1 and opened < close:
-            depth += 1
-            pos = opened + len(OPEN_PARAM)
-        elif depth:
-            depth -= 1
+class TagScanner:
+    """The parameter tags of one text, found once (sorted positions), so that finding where a value ends walks
+    only the tags it passes, and a walk state already resolved (by a value scanned before) is not walked again:
+    parsing stays linear in the text's size on adversarial input (thousands of tags or unclosed blocks)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._closes = [m.start() for m in re.finditer(re.escape(CLOSE_PARAM), text)]
+        self._opens = [i for i in (m.start() for m in re.finditer(re.escape(OPEN_PARAM), text))
+                       if i == 0 or text[i - 1] == "\n"]
+        self._memo: dict[tuple[frozenset[str] | None, int, int], int] = {}
+
+    def close_of_value(self, start: int, names: frozenset[str] | None) -> int:
+        """Index of the ``</parameter>`` that closes the value starting at ``start`` (right after
+        ``<parameter=KEY>``), or -1. ``names``: the tool's parameter names from its schema (``None``: no schema,
+        any name is structural). A ``<parameter=`` right at ``start`` opens a nested one too."""
+        text, closes, opens, memo = self.text, self._closes, self._opens, self._memo
+        longest = max(map(len, names), default=0) if names is not None else 0
+        depth, pos = 0, start
+        ci, oi = bisect_left(closes, pos), bisect_left(opens, pos)
+        at_start = text.startswith(OPEN_PARAM, start)
+        path: list[tuple[frozenset[str] | None, int, int]] = []
+        while True:
+            key = (names, pos, depth)
+            result = memo.get(key)
+            if result is not None:
+                break
+            path.append(key)
+            while ci < len(closes) and closes[ci] < pos:
+                ci += 1
+            while oi < len(opens) and opens[oi] < pos:
+                oi += 1
+            if ci == len(closes):
+                result = -1
+                break
+            close = closes[ci]
+            opened = start if at_start and pos == start else (opens[oi] if oi < len(opens) else -1)
+            if opened != -1 and opened < close:
+                depth += 1
+                pos = opened + len(OPEN_PARAM)
+            elif depth:
+                depth -= 1
+                pos = close + len(CLOSE_PARAM)
+            elif _structural_after(text, close + len(CLOSE_PARAM), names, longest):
+                result = close
+                break
+            else:
+                pos = close + len(CLOSE_PARAM)
+        for k in path:
+            memo[k] = result
+        return result
+
+    def function_end(self, start: int, names: frozenset[str] | None) -> int:
+        """Index of the structural ``</function>`` of the body starting at ``start`` (right after
+        ``<function=NAME>``), or -1 when the body is not closed parameters followed by ``</function>``."""
+        text = self.text
+        pos, n = start, len(text)
+        while pos < n:
+            pos = skip_ws(text, pos)
+            if text.startswith(CLOSE_FUNCTION, pos):
+                return pos
+            if not text.startswith(OPEN_PARAM, pos):
+                return -1
+            gt = text.find(">", pos + len(OPEN_PARAM))
+            if gt == -1 or "\n" in text[pos:gt]:
+                return -1
+            close = self.close_of_value(gt + 1, names)
+            if close == -1:
+                return -1
             pos = close + len(CLOSE_PARAM)
-        elif _structural_after(text, close + len(CLOSE_PARAM), names):
-            return close
-        else:
-            pos = close + len(CLOSE_PARAM)
-
-
-def function_end(text: str, start: int, names: frozenset[str] | None) -> int:
-    """Index in ``text`` of the structural ``</function>`` of the body starting at ``start`` (right after
-    ``<function=NAME>``), or -1 when the body is not closed parameters followed by ``</function>``."""
-    pos, n = start, len(text)
-    while pos < n:
-        while pos < n and text[pos] in _WS:
-            pos += 1
-        if text.startswith(CLOSE_FUNCTION, pos):
-            return pos
-        if not text.startswith(OPEN_PARAM, pos):
-            return -1
-        gt = text.find(">", pos + len(OPEN_PARAM))
-        if gt == -1:
-            return -1
-        close = close_of_value(text, gt + 1, names)
-        if close == -1:
-            return -1
-        pos = close + len(CLOSE_PARAM)
-    return -1
+        return -1
 
 
 def resolve_type(spec: Any) -> tuple[str, bool]:
@@ -282,12 +304,19 @@ class Qwen3CoderParser(ToolCallParser):
     def _parse(self, text: str) -> ParsedTurn:
         body, reasoning = _split_reasoning(text)
         o, c = self._OPEN, self._CLOSE
+        scan = TagScanner(body)
+        opens = [m.start() for m in re.finditer(re.escape(o), body)]
+        closes = [m.start() for m in re.finditer(re.escape(c), body)]
+
+        def first(positions: list[int], at: int) -> int:
+            i = bisect_left(positions, at)
+            return positions[i] if i < len(positions) else -1
+
         outside: list[str] = []
         calls: list[ToolCall] = []
         pos = 0
         while True:
-            start = body.find(o, pos)
-            stray = body.find(c, pos)
+            start, stray = first(opens, pos), first(closes, pos)
             if stray != -1 and (start == -1 or stray < start):
                 outside.append(body[pos:stray])
                 calls.append(ToolCall("", raw=c, parse_error=f"{c} without a matching {o}"))
@@ -298,9 +327,9 @@ class Qwen3CoderParser(ToolCallParser):
                 break
             outside.append(body[pos:start])
             inner = start + len(o)
-            end = self._structural_end(body, inner)
+            end = self._structural_end(scan, inner)
             if end == -1:  # not a well-formed call: up to the first </tool_call>, where _call reports what is wrong
-                end, nxt = body.find(c, inner), body.find(o, inner)
+                end, nxt = first(closes, inner), first(opens, inner)
                 if end == -1 or (nxt != -1 and nxt < end):
                     stop = len(body) if nxt == -1 else nxt
                     calls.append(ToolCall("", raw=body[start:stop], parse_error=f"{o} is not closed by {c}"))
@@ -310,15 +339,16 @@ class Qwen3CoderParser(ToolCallParser):
             pos = end + len(c)
         return ParsedTurn("".join(outside).strip(), calls, reasoning)
 
-    def _structural_end(self, body: str, inner: str | int) -> int:
+    def _structural_end(self, scan: TagScanner, inner: int) -> int:
         """Index of the ``</tool_call>`` closing a well-formed call whose inside starts at ``inner``; -1 if none."""
-        j = skip_ws(body, int(inner))
+        body = scan.text
+        j = skip_ws(body, inner)
         if not body.startswith(self._FUNC, j):
             return -1
         gt = body.find(">", j + len(self._FUNC))
         if gt == -1:
             return -1
-        fe = function_end(body, gt + 1, self._names(body[j + len(self._FUNC) : gt]))
+        fe = scan.function_end(gt + 1, self._names(body[j + len(self._FUNC) : gt]))
         if fe == -1:
             return -1
         k = skip_ws(body, fe + len(CLOSE_FUNCTION))
@@ -336,6 +366,7 @@ class Qwen3CoderParser(ToolCallParser):
         if not valid_function_name(name):
             return ToolCall("", raw=raw, parse_error=f"not a function name in <function=>: {name[:60]!r}")
         names, schemas = self._names(name), self.param_schemas.get(name, {})
+        scan = TagScanner(inner + self._CLOSE)  # a value's close may be followed by </tool_call>
         args: dict[str, Any] = {}
         pos, n = gt + 1, len(inner)
         while True:
@@ -350,7 +381,7 @@ class Qwen3CoderParser(ToolCallParser):
             key = inner[pos + len(OPEN_PARAM) : kgt] if kgt != -1 else ""
             if not key or "\n" in key:
                 return ToolCall(name, raw=raw, parse_error="a <parameter=KEY> tag needs a key and its closing >")
-            close = close_of_value(inner + self._CLOSE, kgt + 1, names)  # a close may be followed by </tool_call>
+            close = scan.close_of_value(kgt + 1, names)
             if close == -1:
                 return ToolCall(name, raw=raw, parse_error=f"<parameter={key}> is not closed by </parameter>")
             if key in args:
