@@ -15,7 +15,7 @@ Subcommands::
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
-    toolgym train grpo|rft|sft|dpo --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
+    toolgym train grpo|sft|rft|dpo|reward_model [--config FILE.yaml] [--FIELD VALUE ...]   (the [train] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -248,10 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
-    s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
-                       description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
+    s = sub.add_parser("train", help="train with an algorithm of trainers.ALGORITHMS: grpo, sft, rft, dpo, "
+                       "reward_model (`toolgym train --help`)",
+                       description="toolgym train NAME [--config FILE.yaml] [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
-    s.add_argument("algorithm", choices=["grpo", "rft", "sft", "dpo"])
+    s.add_argument("algorithm", help="grpo, sft, rft, dpo or reward_model")
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
 
@@ -308,7 +309,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":  # `python -m toolgym.cli`: run the importable module, so that its CLIError class is
-    from toolgym.cli import main as _main  # the one that trainers/ (registry, tracking) raise
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import enum
 import json
 import os
 import sys
@@ -18,6 +17,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from toolgym.errors import CLIError, ExitCode
 
 __all__ = [
     "CLIError",
@@ -37,26 +38,6 @@ __all__ = [
     "resolve_env_id",
     "trainers_module",
 ]
-
-
-class ExitCode(enum.IntEnum):
-    """Exit codes of the ``toolgym`` command."""
-
-    OK = 0
-    FAILURE = 1
-    USAGE = 2
-    INPUT = 3
-    UNREACHABLE = 4
-    INTERRUPTED = 130
-
-
-class CLIError(Exception):
-    """A failure with a message for the user and the exit code to return."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 def print_error(message: str) -> None:
