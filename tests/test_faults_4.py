@@ -5,15 +5,23 @@ read-only store. Real HTTP on 127.0.0.1 and real MLflow stores; every case has a
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from tests.test_faults_3 import _userns
+from tests.test_registry import _eval, ckpts, sqlite_store  # noqa: F401 - fixtures
 from toolgym.serve.model import ModelServer, load
+
+ROOT = Path(__file__).parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +106,82 @@ def test_a_client_that_disconnects_cancels_its_generation(served) -> None:
     assert status == 200, body
     # before: the 16 dropped generations (two batches of ~3 s) ran to the end first
     assert took < 2.5, (took, long, per_token)
+
+
+# -- 4. the registry: concurrent promotions, a fresh store, a read-only store -------------------------------------------
+def _registry_cli(cwd: Path, *args: str, wrap: list[str] | None = None, timeout: float = 280):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    cmd = [sys.executable, "-m", "toolgym.cli", "registry", *args]
+    return subprocess.Popen([*(wrap or []), *cmd], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "PYTHONPATH": str(ROOT)})  # fmt: skip
+
+
+@pytest.mark.timeout(400)
+def test_two_promotions_at_once_are_a_compare_and_set(sqlite_store, tmp_path, ckpts, monkeypatch) -> None:  # noqa: F811
+    from trainers import registry
+
+    for version, rate in ((1, 0.2), (2, 0.9), (3, 0.5)):
+        row = registry.register(ckpts["tiny1"], "calc", _eval(tmp_path / f"e{version}.json", rate))
+        assert row["version"] == version
+    assert registry.promote("calc", 1)["promoted"]
+    real = registry._version_eval
+
+    def slow_eval(client, mv):  # both promotions decide against v1 before either moves the alias
+        time.sleep(1.5)
+        return real(client, mv)
+
+    monkeypatch.setattr(registry, "_version_eval", slow_eval)
+    results: dict[int, object] = {}
+
+    def promote(v: int) -> None:
+        try:
+            results[v] = registry.promote("calc", v)
+        except registry.RegistryError as e:
+            results[v] = e
+
+    threads = [threading.Thread(target=promote, args=(v,)) for v in (2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{sqlite_store / 'mlflow.db'}")
+    # v2 beats both others: whichever order they landed in, the champion is v2
+    assert str(client.get_registered_model("calc").aliases["champion"]) == "2", results
+    won = {v: r for v, r in results.items() if isinstance(r, dict) and r["promoted"]}
+    assert 2 in won
+    if 3 in won:  # v3 went first; v2 then had to beat v3, not the old v1
+        assert won[2]["from"] == 3, results  # before: both promotions compared against v1 and both won
+    else:
+        assert "does not beat the champion v2" in str(results[3]), results
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_commands_on_a_fresh_store_at_once_do_not_crash(tmp_path) -> None:
+    procs = [_registry_cli(tmp_path, "list", "nothing") for _ in range(3)]
+    outs = [p.communicate(timeout=360) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        # before: two of three crashed in the store's setup (schema migrations racing)
+        lines = [ln for ln in err.strip().splitlines() if " INFO " not in ln]  # MLflow's "creating tables" notes
+        assert p.returncode == 2 and lines == [
+            "toolgym: error: no registered model named 'nothing' (see `toolgym registry register`)"], err[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not _userns(), reason="needs unprivileged user + mount namespaces (a read-only bind mount)")
+def test_a_read_only_store_is_one_line_with_exit_3(tmp_path, ckpts) -> None:  # noqa: F811
+    p = _registry_cli(tmp_path, "list", "nothing")
+    assert p.communicate(timeout=360) and p.returncode == 2  # the store exists now
+    runs = tmp_path / "runs"
+    ro = ["unshare", "-r", "-m", "sh", "-c", f"mount --bind {runs} {runs} && mount -o remount,ro,bind {runs} && "
+          'exec "$@"', "sh"]  # fmt: skip
+    p = _registry_cli(tmp_path, "register", str(ckpts["tiny1"]), "--name", "calc", wrap=ro)
+    _, err = p.communicate(timeout=360)
+    assert p.returncode == 3, err[-3000:]  # before: 1, after 70-90 lines of MLflow's logged SQL errors
+    assert len(err.strip().splitlines()) == 1 and "read-only" in err, err[-3000:]
+    p = _registry_cli(tmp_path, "list", "nothing", wrap=ro)  # reading still works
+    _, err = p.communicate(timeout=360)
+    assert p.returncode == 2 and len(err.strip().splitlines()) == 1, err[-3000:]
