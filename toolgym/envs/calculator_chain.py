@@ -37,7 +37,7 @@ from toolgym.rewards.base import Reward, Score
 from toolgym.tools.calculator import calculator_tool
 from toolgym.trajectory import Trajectory, Turn
 
-__all__ = ["ChainReward", "CalculatorChainEnv", "chain_progress", "generate_chain"]
+__all__ = ["CalculatorChainEnv", "ChainReward", "chain_progress", "generate_chain"]
 
 SYSTEM_PROMPT = (
     "You are a careful assistant. Solve the chain one step at a time: call the calculator tool once per step, "
