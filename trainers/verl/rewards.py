@@ -24,11 +24,15 @@ and ``response_mask``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
 
 from toolgym.trajectory import Trajectory
+from trainers.credit import check_estimator, token_advantages, turn_advantages
 
-__all__ = ["token_rewards", "turn_ends", "turn_rewards_from_tokens", "turn_runs"]
+__all__ = ["token_level_advantages", "token_rewards", "turn_ends", "turn_rewards_from_tokens", "turn_runs"]
 
 
 def _place(mask: Sequence[int], lo: int, hi: int) -> int | None:
@@ -107,3 +111,49 @@ def turn_rewards_from_tokens(rewards: Sequence[float], mask: Sequence[int]) -> l
     starts = [start for start, _ in turn_runs(mask)]
     bounds = [0, *starts[1:], len(rewards)] if starts else []
     return [float(sum(rewards[bounds[k] : bounds[k + 1]])) for k in range(len(starts))]
+
+
+def token_level_advantages(
+    token_level_rewards: Any,
+    response_mask: Any,
+    group_ids: Sequence[Hashable],
+    *,
+    estimator: str = "turn_return",
+    gamma: float = 1.0,
+    scale: str = "group",
+) -> np.ndarray:
+    """Turn-level advantages of a padded batch, per token: what verl's estimator API has (rewards and mask per
+    token, a group id per row) turned into :func:`trainers.credit.turn_advantages`' inputs and back.
+
+    Each row's turns are its runs of mask-1 tokens; turn ``k``'s reward is :func:`turn_rewards_from_tokens`'s
+    (the outcome is already inside the last turn's reward, so the credit API gets ``outcome = 0``); the per-turn
+    advantages are spread over each turn's policy tokens with :func:`trainers.credit.token_advantages`; env and
+    padding tokens get 0.
+
+    Args:
+        token_level_rewards: ``(B, T)`` floats (numpy or anything ``np.asarray`` reads).
+        response_mask: ``(B, T)`` 0/1, 1 on policy tokens.
+        group_ids: ``B`` group keys (verl's ``uid``: rows sampled from the same prompt share one).
+        estimator: one of :data:`trainers.credit.ESTIMATORS`.
+        gamma: the discount **per turn**.
+        scale: ``"group"`` / ``"batch"`` / ``"none"``.
+
+    Returns:
+        ``(B, T)`` float32 advantages.
+    """
+    check_estimator(estimator)
+    rewards = np.asarray(token_level_rewards, dtype=np.float64)
+    mask = np.asarray(response_mask).astype(np.int64)
+    if rewards.shape != mask.shape or rewards.ndim != 2:
+        raise ValueError(f"token_level_rewards {rewards.shape} and response_mask {mask.shape} must be equal (B, T)")
+    if len(group_ids) != rewards.shape[0]:
+        raise ValueError(f"{len(group_ids)} group ids for {rewards.shape[0]} rows")
+    runs = [turn_runs(m) for m in mask]
+    turn_r = [turn_rewards_from_tokens(r, m) for r, m in zip(rewards, mask, strict=True)]
+    adv = turn_advantages(turn_r, [0.0] * len(turn_r), list(group_ids), estimator=estimator, gamma=gamma,
+                          scale=scale)
+    out = np.zeros(rewards.shape, dtype=np.float32)
+    for i, (a, spans) in enumerate(zip(adv, runs, strict=True)):
+        if spans:
+            out[i] = token_advantages(a, spans, mask[i], length=rewards.shape[1])
+    return out
