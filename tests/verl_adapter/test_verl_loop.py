@@ -297,3 +297,23 @@ def test_import_verl_registers_toolgym_through_the_entry_point():
                          cwd="/")
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads(res.stdout.strip().splitlines()[-1]) == [True, True]
+
+
+def test_legacy_trainer_override_selects_the_toolgym_manager_and_worker(model_dir):
+    """The documented override for verl's legacy trainer composes, validates and resolves to our manager, whose
+    Ray workers are ToolgymAgentLoopWorker (what ray_trainer.py / main_ppo.py do with it, without starting Ray)."""
+    from hydra import compose, initialize_config_module
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.import_utils import load_class_from_fqn
+
+    key = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+    with initialize_config_module("verl.trainer.config", version_base=None):
+        cfg = compose("ppo_trainer", overrides=[
+            f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
+            f"+{key}=trainers.verl.agent_loop.ToolgymAgentLoopManager"])
+    assert omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout).agent.agent_loop_manager_class.endswith("Manager")
+    cls = load_class_from_fqn(cfg.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class"), "AgentLoopManager")
+    assert cls is agent_loop.ToolgymAgentLoopManager
+    manager = cls(cfg, llm_client=None)
+    assert issubclass(manager.agent_loop_workers_class.__ray_metadata__.modified_class,
+                      agent_loop.ToolgymAgentLoopWorker)

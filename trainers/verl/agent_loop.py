@@ -27,7 +27,7 @@ GAE ignores it. The loop returns a :class:`ToolgymAgentLoopOutput` carrying the 
 * verl's default (v1) trainer stores each output's :meth:`AgentLoopOutput.as_dict` (``AgentLoopWorkerTQ``):
   :meth:`ToolgymAgentLoopOutput.as_dict` writes the per-token ``rm_scores`` there; nothing else is needed;
 * the legacy trainer (``trainer.use_v1=false``) pads outputs in ``AgentLoopWorker._postprocess``, which only knows
-  the scalar: set ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=
+  the scalar: set ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=
   trainers.verl.agent_loop.ToolgymAgentLoopManager`` (its worker, :class:`ToolgymAgentLoopWorker`, replaces that
   ``rm_scores`` with the per-token one).
 
@@ -300,7 +300,7 @@ class ToolgymAgentLoopWorker(AgentLoopWorker):
 
 class ToolgymAgentLoopManager(AgentLoopManager):
     """``AgentLoopManager`` whose Ray workers are :class:`ToolgymAgentLoopWorker` (legacy trainer only:
-    ``actor_rollout_ref.rollout.agent.agent_loop_manager_class=trainers.verl.agent_loop.ToolgymAgentLoopManager``)."""
+    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=trainers.verl.agent_loop.ToolgymAgentLoopManager``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         import ray
