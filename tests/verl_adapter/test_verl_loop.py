@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -317,3 +318,28 @@ def test_legacy_trainer_override_selects_the_toolgym_manager_and_worker(model_di
     manager = cls(cfg, llm_client=None)
     assert issubclass(manager.agent_loop_workers_class.__ray_metadata__.modified_class,
                       agent_loop.ToolgymAgentLoopWorker)
+
+
+def test_launch_overrides_compose_with_verls_config(model_dir):
+    """Every key the launch helper prints exists in verl 0.9.1's ppo_trainer config, and main_ppo's own
+    validate_config accepts the result (batch sizes, critic on/off)."""
+    from hydra import compose, initialize_config_module
+    from verl.trainer.main_ppo import validate_config
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    from trainers.verl.launch import ppo_overrides
+
+    for estimator in ("gae", "toolgym_turn_return"):
+        ov = ppo_overrides(train_files="t.parquet", val_files="v.parquet", model_path=str(model_dir),
+                           estimator=estimator, nnodes=2, gpus_per_node=8, rollout_n=4)
+        with initialize_config_module("verl.trainer.config", version_base=None):
+            cfg = compose("ppo_trainer", overrides=ov)
+        assert cfg.algorithm.adv_estimator == estimator and cfg.trainer.nnodes == 2
+        assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "toolgym"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Disabled critic as algorithm.adv_estimator != gae": intended
+            use_critic = need_critic(cfg)
+        assert use_critic == (estimator == "gae")
+        validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=use_critic)
+        if use_critic:
+            assert cfg.critic.model.path == str(model_dir)

@@ -94,6 +94,7 @@ def ppo_overrides(
     rollout: str = "vllm",
     rollout_n: int = 1,
     batch_size: int = 64,
+    micro_batch_per_gpu: int = 2,
     prompt_length: int = 2048,
     response_length: int = 2048,
     gamma: float = 1.0,
@@ -114,6 +115,10 @@ def ppo_overrides(
         f"data.max_response_length={response_length}",
         "data.return_raw_chat=True",
         f"actor_rollout_ref.model.path={model_path}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch_per_gpu}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro_batch_per_gpu}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro_batch_per_gpu}",
         f"actor_rollout_ref.rollout.name={rollout}",
         f"actor_rollout_ref.rollout.n={rollout_n}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=toolgym",
@@ -124,7 +129,8 @@ def ppo_overrides(
         f"trainer.n_gpus_per_node={gpus_per_node}",
     ]
     if critic:
-        out.append(f"critic.model.path={critic_path or model_path}")
+        out += [f"critic.model.path={critic_path or model_path}",
+                f"critic.ppo_micro_batch_size_per_gpu={micro_batch_per_gpu}"]
     return out
 
 
