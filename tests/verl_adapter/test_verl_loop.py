@@ -343,3 +343,30 @@ def test_launch_overrides_compose_with_verls_config(model_dir):
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=use_critic)
         if use_critic:
             assert cfg.critic.model.path == str(model_dir)
+
+
+@pytest.mark.slow
+async def test_parquet_rows_from_the_launch_helper_reach_the_loop_through_verls_dataset(verl_config, tmp_path):
+    """make_rows -> write_parquet -> verl's RLHFDataset + collate_fn -> the worker: the row's task (given, or drawn
+    from the row's seed) is the episode played."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+    from trainers.verl.launch import write_parquet
+
+    task = {"id": "given-1", "prompt": "What is 12345 + 67890?", "expression": "12345 + 67890", "answer": "80235"}
+    path = write_parquet(make_rows(ENV_ID, [task, None], seeds=[0, 9], env_kwargs={"split": "test"}),
+                         tmp_path / "train.parquet")
+    worker = agent_loop.ToolgymAgentLoopWorker(verl_config, llm_client=None)
+    ds = RLHFDataset(data_files=[str(path)], tokenizer=worker.tokenizer, config=verl_config.data)
+    batch = DataProto.from_single_dict(collate_fn([ds[0], ds[1]]))
+    ref_env = gym.make(ENV_ID, tokenizer=worker.tokenizer, split="test")
+    worker.llm_client = StandInServer(ref_env)
+    out = await worker.generate_sequences(batch)
+    ids = list(out.non_tensor_batch["toolgym_task_id"])
+    assert ids[0] == "given-1" and ids[1].startswith("calc-")
+    text = worker.tokenizer.decode(out.batch["responses"][0][out.batch["response_mask"][0].bool()])
+    assert "12345 + 67890" in text and "<answer>80235</answer>" in text
+    assert list(out.non_tensor_batch["toolgym_outcome"]) == [1.0, 1.0]
+    _, env_info = ref_env.reset(seed=9)  # the seeded row's task is the test split's task of seed 9
+    assert env_info["task"]["id"] == ids[1]
+    ref_env.close()
