@@ -441,6 +441,12 @@ _USAGE = """usage: toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--dry-ru
   rft   rejection-sampling fine-tuning from the model itself (fields: trainers.rft.RFTConfig)
   dpo   DPO on env preference pairs, env tokens masked (fields: trainers.dpo.DPORunConfig)
 
+grpo credit assignment (toolgym section; also as --advantage / --gamma):
+  --advantage {outcome,turn_return,gigpo}  outcome: one advantage per episode (TRL's GRPO, the default);
+        turn_return: each turn's policy tokens get its discounted reward-to-go minus a per-turn-index group
+        baseline; gigpo: episode advantage + step advantage among turns starting from the same env state
+  --gamma G   per-turn discount of turn_return/gigpo returns, in (0, 1] (default 1.0)
+
 --FIELD VALUE overrides any field of the config file, e.g. --max_steps 2 --learning_rate 1e-5
 --toolgym.env_id toolgym/SQL-v0 --report_to tensorboard. --dry-run prints the resolved config as JSON.
 exit codes: 0 ok, 1 training failed, 2 bad key or value, 3 config file unreadable or [train] extra missing."""
@@ -464,6 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         dry = "--dry-run" in rest or "--dry_run" in rest
         rest = [t for t in rest if t not in ("--dry-run", "--dry_run")]
         over = parse_overrides(rest)
+        if algo == "grpo":  # credit-assignment fields live in the toolgym section; accept them bare too
+            for key in ("advantage", "gamma"):
+                if key in over:
+                    over[f"toolgym.{key}"] = over.pop(key)
         config = over.pop("config", None)
         if config is None or config is True:
             raise ConfigError("--config FILE.yaml is required")

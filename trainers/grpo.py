@@ -43,6 +43,11 @@ class ToolgymGRPOArgs:
         trajectory_dir: where the adapter appends trajectories (``None``: not saved).
         schedule: ``lockstep`` (required with several processes) or ``continuous``.
         threads: torch CPU threads per process (``0``: leave torch's default).
+        advantage: credit assignment (:data:`trainers.credit.ESTIMATORS`): ``outcome`` (one advantage per episode,
+            TRL's own GRPO numbers), ``turn_return`` (per-turn discounted reward-to-go, normalised in the group) or
+            ``gigpo`` (episode advantage + a step advantage among turns from the same env state); see
+            :mod:`trainers.turn_grpo`.
+        gamma: per-turn discount of ``turn_return`` / ``gigpo`` returns, in ``(0, 1]``.
     """
 
     model: str | None = None
@@ -55,6 +60,15 @@ class ToolgymGRPOArgs:
     trajectory_dir: str | None = None
     schedule: str = "lockstep"
     threads: int = 0
+    advantage: str = "outcome"
+    gamma: float = 1.0
+
+    def __post_init__(self) -> None:
+        from trainers.credit import check_estimator
+
+        check_estimator(self.advantage)
+        if not 0.0 < float(self.gamma) <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
 def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[ToolgymGRPOArgs, Any]:
@@ -88,13 +102,14 @@ def build_trainer(
     tg: ToolgymGRPOArgs, args: Any, *, model: Any = None, tokenizer: Any = None,
     tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = (),
 ) -> tuple[Any, Any]:
-    """A ``GRPOTrainer`` wired to a :class:`~trainers.rollout_func.ToolgymRollout`; returns ``(trainer, rollout)``."""
+    """A ``GRPOTrainer`` (:class:`trainers.turn_grpo.TurnCreditGRPOTrainer`, ``tg.advantage`` chooses the credit
+    assignment) wired to a :class:`~trainers.rollout_func.ToolgymRollout`; returns ``(trainer, rollout)``."""
     import torch
-    from trl import GRPOTrainer
 
     from toolgym.models import load_model
     from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
     from trainers.tracking import mlflow_callbacks
+    from trainers.turn_grpo import TurnCreditGRPOTrainer
 
     if model is None:
         model, tokenizer = load_model(tg.model, dtype=getattr(torch, tg.dtype))
@@ -106,10 +121,11 @@ def build_trainer(
         tg.env_id, tasks, env_kwargs=env_kwargs, max_turn_tokens=tg.max_turn_tokens,
         trajectory_dir=tg.trajectory_dir, schedule=tg.schedule,
     )
-    trainer = GRPOTrainer(
+    trainer = TurnCreditGRPOTrainer(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
         train_dataset=make_dataset(tasks), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(tg, args)],  # report_to mlflow: toolgym config, tags, lineage
+        advantage=tg.advantage, gamma=tg.gamma,
     )
     return trainer, rollout
 
