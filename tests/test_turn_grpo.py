@@ -208,10 +208,10 @@ _WORKER = textwrap.dedent(
     from tests.test_turn_grpo import make_trainer
 
     rank = int(os.environ["RANK"])
-    # rank 0's episodes follow the oracle (several turns), rank 1's are the random model (one turn): every group
-    # of 4 spans both ranks (2 rows per rank per group)
-    trainer, rollout, tasks = make_trainer(Path({out!r}) / f"r{{rank}}", advantage={adv!r}, batch=4,
-                                           steps=lambda i, t: [99, 1, 99, 2][i] if rank == 0 else 0)
+    # rank 0's episodes follow the oracle (several turns), rank 1's are the random model (one turn): with 2 rows
+    # per rank and num_generations 4, each group of 4 spans both ranks
+    trainer, rollout, tasks = make_trainer(Path({out!r}) / f"r{{rank}}", advantage={adv!r}, batch=2,
+                                           steps=lambda i, t: [99, 1][i] if rank == 0 else 0)
     trainer.train()
     trajs = rollout.last_trajectories
     with open(os.path.join({out!r}, f"rank{{rank}}.json"), "w") as fh:
@@ -227,8 +227,8 @@ _WORKER = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_two_processes_groups_spanning_ranks_get_the_whole_groups_baseline(tmp_path):
-    """torchrun, gloo, 2 CPU processes, 1 thread each: per_device batch 4 and num_generations 4 put each group on
-    both ranks; each rank's per-turn advantages must equal the estimator run on all 8 episodes at once."""
+    """torchrun, gloo, 2 CPU processes, 1 thread each: per_device batch 2 and num_generations 4 put each group on
+    both ranks; each rank's per-turn advantages must equal the estimator run on the whole group at once."""
     import socket
 
     script = tmp_path / "worker.py"
@@ -243,8 +243,9 @@ def test_two_processes_groups_spanning_ranks_get_the_whole_groups_baseline(tmp_p
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
     assert r[0]["world"] == r[1]["world"] == 2
-    # TRL splits each group of 4 across the ranks: the rows of one group carry the same task on both ranks
+    # TRL splits the group of 4 across the ranks: its rows carry the same task on both ranks
     n = len(r[0]["turn_rewards"])
+    assert n == 2 and len(set(r[0]["task"] + r[1]["task"])) == 1
     tr = r[0]["turn_rewards"] + r[1]["turn_rewards"]
     oc = r[0]["outcome"] + r[1]["outcome"]
     assert max(map(len, r[0]["turn_rewards"])) >= 2 and max(map(len, r[1]["turn_rewards"])) == 1
@@ -252,6 +253,5 @@ def test_two_processes_groups_spanning_ranks_get_the_whole_groups_baseline(tmp_p
     got = r[0]["adv"] + r[1]["adv"]
     assert [x for a in got for x in a] == pytest.approx([x for a in want for x in a], abs=1e-6)
     # and not what each rank would compute alone (the gather matters)
-    alone = turn_advantages(r[1]["turn_rewards"], r[1]["outcome"], [i // 4 for i in range(n)],
-                            estimator="turn_return")
+    alone = turn_advantages(r[1]["turn_rewards"], r[1]["outcome"], [0] * n, estimator="turn_return")
     assert [x for a in alone for x in a] != pytest.approx([x for a in r[1]["adv"] for x in a], abs=1e-6)
