@@ -255,3 +255,17 @@ def test_two_processes_groups_spanning_ranks_get_the_whole_groups_baseline(tmp_p
     # and not what each rank would compute alone (the gather matters)
     alone = turn_advantages(r[1]["turn_rewards"], r[1]["outcome"], [0] * n, estimator="turn_return")
     assert [x for a in alone for x in a] != pytest.approx([x for a in r[1]["adv"] for x in a], abs=1e-6)
+
+
+def test_toolgym_train_grpo_advantage_flags(capsys):
+    from trainers.cli import main
+
+    cfg = str(ROOT / "trainers/configs/grpo_chain_turn_cpu.yaml")
+    assert main(["grpo", "--config", cfg, "--advantage", "gigpo", "--gamma", "0.9", "--dry-run"]) == 0
+    tg = json.loads(capsys.readouterr().out)["toolgym"]
+    assert tg["advantage"] == "gigpo" and tg["gamma"] == 0.9 and tg["env_id"] == "toolgym/CalculatorChain-v0"
+    assert main(["grpo", "--config", cfg, "--advantage", "per_token", "--dry-run"]) == 2
+    assert "unknown advantage estimator 'per_token'" in capsys.readouterr().err
+    assert main(["grpo", "--config", cfg, "--gamma", "1.5", "--dry-run"]) == 2
+    assert main(["grpo", "--help"]) == 0
+    assert "--advantage {outcome,turn_return,gigpo}" in capsys.readouterr().out

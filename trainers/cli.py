@@ -356,6 +356,16 @@ def _trl_config(cls: type, fields_: dict[str, Any]) -> Any:
         raise ConfigError(f"invalid {cls.__name__}: {' '.join(str(e).split())}") from None
 
 
+def _grpo_section(tg_fields: dict[str, Any]) -> Any:
+    """``ToolgymGRPOArgs(**tg_fields)``; its value checks (``advantage``, ``gamma``) become :class:`ConfigError`."""
+    from trainers.grpo import ToolgymGRPOArgs
+
+    try:
+        return ToolgymGRPOArgs(**tg_fields)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def run_grpo(args_fields: dict[str, Any], tg_fields: dict[str, Any]) -> int:
     """GRPO through :func:`trainers.grpo.build_trainer`; saves the model to ``output_dir``."""
     from trl import GRPOConfig
@@ -478,6 +488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config is None or config is True:
             raise ConfigError("--config FILE.yaml is required")
         args, tg = resolve(algo, str(config), over)
+        if algo == "grpo":
+            _grpo_section(tg)  # a bad --advantage / --gamma value is a usage error (exit 2)
         if dry:
             cfg_cls, tg_cls = _classes(algo)
             _trl_config(cfg_cls, {"max_length": None, **args} if algo == "sft" else args)  # TRL's own checks
