@@ -104,16 +104,16 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     import gymnasium as gym
     import torch
     from gymnasium.vector import AutoresetMode
-    from trl import GRPOConfig
 
     import toolgym  # noqa: F401
     from toolgym.envs.calculator_chain import chain_progress
-    from toolgym.eval import wilson_interval
+    from toolgym.eval import oracle_policy, wilson_interval
     from toolgym.models import load_model
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from toolgym.tasks import draw_tasks
-    from trainers.grpo import ToolgymGRPOArgs, build_trainer
-    from trainers.sft import collect, masked_sft, oracle_policy
+    from trainers.grpo import Config as GRPORun
+    from trainers.grpo import build_trainer
+    from trainers.sft import collect, masked_sft
 
     t_start = time.perf_counter()
     if cfg.threads:
@@ -157,7 +157,7 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         torch.manual_seed(0)
         ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=ev_kw)
-        kept, _ = collect(ENV_ID, oracle_policy(ENV_ID), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
+        kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
                           max_turn_tokens=cfg.max_turn_tokens, env_kwargs=_env_kwargs(cfg, "train", tok))
         losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
                             batch_size=cfg.warmstart_batch_size, seed=0)
@@ -190,19 +190,20 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
             holder: dict[str, Any] = {"tokens": 0}
 
             bs = cfg.num_generations * cfg.prompts_per_step
-            args = GRPOConfig(
-                output_dir=str(out / "grpo" / name), max_steps=cfg.max_steps, learning_rate=cfg.lr,
-                per_device_train_batch_size=bs, num_generations=cfg.num_generations,
-                max_completion_length=cfg.max_completion_length, temperature=cfg.temperature, beta=0.0,
-                logging_steps=1, save_strategy="no", report_to=[], seed=seed, use_cpu=not torch.cuda.is_available(),
-                disable_tqdm=True, gradient_checkpointing=False,
-            )
-            tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={k: v for k, v in _env_kwargs(cfg, "train", tok).items()
-                                                            if k != "tokenizer"},
-                                 max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=cfg.gamma,
-                                 trajectory_dir=str(out / "trajectories" / name.replace("/", "_")))
+            trl = {
+                "output_dir": str(out / "grpo" / name), "max_steps": cfg.max_steps, "learning_rate": cfg.lr,
+                "per_device_train_batch_size": bs, "num_generations": cfg.num_generations,
+                "max_completion_length": cfg.max_completion_length, "temperature": cfg.temperature, "beta": 0.0,
+                "logging_steps": 1, "save_strategy": "no", "report_to": [], "seed": seed,
+                "use_cpu": not torch.cuda.is_available(), "disable_tqdm": True, "gradient_checkpointing": False,
+            }
+            gcfg = GRPORun(env_id=ENV_ID, env_kwargs={k: v for k, v in _env_kwargs(cfg, "train", tok).items()
+                                                      if k != "tokenizer"},
+                           max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=cfg.gamma, save_model=False,
+                           trajectory_dir=str(out / "trajectories" / name.replace("/", "_")), trl=trl)
             tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=ev_kw)
-            trainer, rollout = build_trainer(tg, args, model=model, tokenizer=tok, tasks=tasks, callbacks=[Budget(holder, curve, cfg.token_budget)])
+            trainer, rollout = build_trainer(gcfg, model=model, tokenizer=tok, tasks=tasks,
+                                             callbacks=[Budget(holder, curve, cfg.token_budget)])
             holder["rollout"] = rollout
             trainer.train()
             rollout.close()

@@ -262,10 +262,10 @@ def test_toolgym_train_grpo_advantage_flags(capsys):
 
     cfg = str(ROOT / "trainers/configs/grpo_chain_turn_cpu.yaml")
     assert main(["grpo", "--config", cfg, "--advantage", "gigpo", "--gamma", "0.9", "--dry-run"]) == 0
-    tg = json.loads(capsys.readouterr().out)["toolgym"]
+    tg = json.loads(capsys.readouterr().out)["config"]["toolgym"]
     assert tg["advantage"] == "gigpo" and tg["gamma"] == 0.9 and tg["env_id"] == "toolgym/CalculatorChain-v0"
     assert main(["grpo", "--config", cfg, "--advantage", "per_token", "--dry-run"]) == 2
     assert "unknown advantage estimator 'per_token'" in capsys.readouterr().err
     assert main(["grpo", "--config", cfg, "--gamma", "1.5", "--dry-run"]) == 2
     assert main(["grpo", "--help"]) == 0
-    assert "--advantage {outcome,turn_return,gigpo}" in capsys.readouterr().out
+    assert "--toolgym.advantage (str, default 'outcome'): credit assignment" in capsys.readouterr().out
