@@ -40,7 +40,7 @@ from toolgym.vector import ToolVectorEnv  # noqa: E402
 from trainers.credit import token_advantages, turn_advantages  # noqa: E402
 from trainers.verl import advantage, agent_loop  # noqa: E402
 from trainers.verl.launch import make_rows  # noqa: E402
-from trainers.verl.rewards import turn_runs  # noqa: E402
+from trainers.verl.rewards import turn_ends, turn_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_ID = "toolgym-test/CalculatorTurns-v0"
@@ -369,4 +369,44 @@ async def test_parquet_rows_from_the_launch_helper_reach_the_loop_through_verls_
     assert list(out.non_tensor_batch["toolgym_outcome"]) == [1.0, 1.0]
     _, env_info = ref_env.reset(seed=9)  # the seeded row's task is the test split's task of seed 9
     assert env_info["task"]["id"] == ids[1]
+    ref_env.close()
+
+
+@pytest.mark.slow
+async def test_v1_worker_stores_per_token_rm_scores(verl_config, monkeypatch):
+    """verl's default (v1) trainer path: AgentLoopWorkerTQ._run_prompt runs the loop and writes each output to
+    TransferQueue; the rm_scores it stores (what the trainer reads as token_level_scores) are the per-token ones.
+    TransferQueue's service is replaced by a recorder of what verl writes (like the generation stand-in)."""
+    tq_mod = pytest.importorskip("verl.trainer.ppo.v1.agent_loop_tq", reason="TransferQueue is not installed")
+    puts, statuses = [], []
+
+    async def kv_batch_put(keys, partition_id, fields=None, tags=None, **kw):
+        puts.append((list(keys), fields, list(tags or [])))
+
+    async def kv_put(key, partition_id, tag=None, **kw):
+        statuses.append((key, (tag or {}).get("status")))
+
+    monkeypatch.setattr(tq_mod.tq, "async_kv_batch_put", kv_batch_put)
+    monkeypatch.setattr(tq_mod.tq, "async_kv_put", kv_put)
+    cls = tq_mod.AgentLoopWorkerTQ.__ray_metadata__.modified_class  # the class behind verl's @ray.remote
+    worker = cls.__new__(cls)
+    AgentLoopWorker.__init__(worker, verl_config, llm_client=None)  # TQ's own __init__ only adds tq.init()
+    ref_env = gym.make(ENV_ID, tokenizer=worker.tokenizer)
+    worker.llm_client = StandInServer(ref_env)
+    row = make_rows(ENV_ID, [None], seeds=[3])[0]
+    prompt = {"raw_prompt": row["prompt"], "extra_info": row["extra_info"], "index": 0, "uid": "u1",
+              "agent_name": "toolgym", "data_source": row["data_source"], "global_steps": 7}
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    await worker._run_prompt(prompt, params, trajectory={"step": 7, "sample_index": 0, "rollout_n": 0,
+                                                          "validate": False})
+    assert statuses[-1] == ("u1", "finished") and len(puts) == 1
+    (keys, fields, tags), = puts
+    assert keys == ["u1_0_0"] and tags[0]["min_global_steps"] == 7
+    mask = fields["response_mask"][0].tolist()
+    scores = fields["rm_scores"][0].tolist()
+    ref = (await _reference(worker.tokenizer, [3]))[0]
+    assert fields["responses"][0].tolist() == list(ref.completion_ids) and mask == list(ref.loss_mask)
+    ends = turn_ends(mask)
+    assert [scores[j] for j in ends] == pytest.approx([CALL_OK, NO_CALL + 1.0])
+    assert sum(abs(x) for j, x in enumerate(scores) if j not in ends) == 0
     ref_env.close()
