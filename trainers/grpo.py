@@ -93,11 +93,16 @@ def build_trainer(
     from trl import GRPOTrainer
 
     from toolgym.models import load_model
+    from trainers.is_metrics import add_is_metrics
+    from trainers.preflight import check_report_to, ensure_model_dir, needs_model_dir
     from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
     from trainers.tracking import mlflow_callbacks
 
+    check_report_to(args.report_to)  # a missing tracker: one clear error naming its extra, before any loading
     if model is None:
         model, tokenizer = load_model(tg.model, dtype=getattr(torch, tg.dtype))
+    if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM
+        ensure_model_dir(model, tokenizer, Path(args.output_dir) / "base_model")
     env_kwargs = dict(tg.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
     if tasks is None:
@@ -111,6 +116,7 @@ def build_trainer(
         train_dataset=make_dataset(tasks), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(tg, args)],  # report_to mlflow: toolgym config, tags, lineage
     )
+    add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
     return trainer, rollout
 
 
