@@ -255,6 +255,17 @@ def test_multi_node_server_host_must_not_be_loopback(tmp_path):
     check_server_hosts(args, num_machines=2)
 
 
+def test_num_machines_from_the_launcher_environment(monkeypatch):
+    from trainers.preflight import num_machines
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert num_machines() == 1
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert num_machines() == 2
+
+
 def test_docs_make_no_data_parallel_server_claim():
     """TRL 1.16's own help: `--data-parallel-size` above 1 errors for dense models (vLLM PR #30739). Not verified on
     hardware here, so the docs must not tell anyone to run it."""

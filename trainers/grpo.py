@@ -94,11 +94,12 @@ def build_trainer(
 
     from toolgym.models import load_model
     from trainers.is_metrics import add_is_metrics
-    from trainers.preflight import check_report_to, ensure_model_dir, needs_model_dir
+    from trainers.preflight import check_report_to, check_server_hosts, ensure_model_dir, needs_model_dir, num_machines
     from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
     from trainers.tracking import mlflow_callbacks
 
     check_report_to(args.report_to)  # a missing tracker: one clear error naming its extra, before any loading
+    check_server_hosts(args, num_machines())  # several nodes: the vLLM server host must not be loopback
     if model is None:
         model, tokenizer = load_model(tg.model, dtype=getattr(torch, tg.dtype))
     if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM

@@ -21,7 +21,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRACKER_EXTRAS", "check_report_to", "check_server_hosts", "ensure_model_dir", "needs_model_dir"]
+__all__ = ["TRACKER_EXTRAS", "check_report_to", "check_server_hosts", "ensure_model_dir", "needs_model_dir",
+           "num_machines"]
 
 #: ``report_to`` name -> (import name, the toolgym extra that installs it)
 TRACKER_EXTRAS: dict[str, tuple[str, str]] = {
@@ -156,6 +157,14 @@ def _wait_for(target: Path, timeout_s: float = 1800.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{target} was not written by this node's local rank 0 within {timeout_s:.0f} s")
         time.sleep(0.5)
+
+
+def num_machines() -> int:
+    """Machines in this launch, from the launcher's environment (``WORLD_SIZE`` / ``LOCAL_WORLD_SIZE``, set by
+    torchrun and ``accelerate launch``); 1 outside a distributed launch."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    return max(1, -(-world // max(1, local)))
 
 
 def check_server_hosts(args: Any, num_machines: int) -> None:
