@@ -55,12 +55,12 @@ def _build(tmp_path, tasks, model=None, **kw):
     import torch
 
     from toolgym.models import load_tokenizer, tiny_random_model
-    from trainers.grpo import ToolgymGRPOArgs, build_trainer
+    from trainers.grpo import Config, build_trainer
 
     torch.manual_seed(0)
     tok = load_tokenizer()
     model = model if model is not None else tiny_random_model(tok)
-    return build_trainer(ToolgymGRPOArgs(max_turn_tokens=16), _args(tmp_path, **kw), model=model, tokenizer=tok,
+    return build_trainer(Config(max_turn_tokens=16, trl=_args(tmp_path, **kw)), model=model, tokenizer=tok,
                          tasks=tasks)
 
 

@@ -71,7 +71,7 @@ def main() -> None:
 
     from toolgym.envs.calculator import generate_task
     from toolgym.models import load_tokenizer, tiny_random_model
-    from trainers.grpo import ToolgymGRPOArgs, build_trainer
+    from trainers.grpo import Config, build_trainer
 
     _install_http_weight_transfer()
     rank = int(os.environ.get("RANK", "0"))
@@ -84,7 +84,7 @@ def main() -> None:
         learning_rate=3e-3, beta=BETA, temperature=1.0, use_vllm=True, vllm_mode="server", vllm_server_base_url=URL,
         vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
     )
-    trainer, rollout = build_trainer(ToolgymGRPOArgs(max_turn_tokens=12), args, model=tiny_random_model(tok, seed=0),
+    trainer, rollout = build_trainer(Config(max_turn_tokens=12, trl=args), model=tiny_random_model(tok, seed=0),
                                      tokenizer=tok, tasks=tasks)
     TRAINER = trainer
     real = trainer._generate_single_turn
