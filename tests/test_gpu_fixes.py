@@ -176,7 +176,7 @@ def test_needs_model_dir_only_when_trl_reloads(tmp_path):
 
 def test_every_shipped_tracker_is_installable_by_an_extra():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    for path in CONFIGS:
+    for path in [*CONFIGS, *sorted((ROOT / "examples").rglob("*.yaml"))]:
         raw = yaml.safe_load(path.read_text()) or {}
         report = raw.get("report_to") or []
         for name in [report] if isinstance(report, str) else report:
