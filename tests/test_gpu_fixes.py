@@ -166,6 +166,29 @@ def test_model_dir_links_weights_only_directories(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
+def test_a_cached_hub_model_resolves_to_its_snapshot_offline(tmp_path, monkeypatch):
+    """An offline node: the policy was loaded from the Hugging Face cache under its hub id; TRL would call
+    ``from_pretrained(hub id)`` (a download). The id resolves to the cached snapshot directory, nothing is written."""
+    from huggingface_hub import constants
+
+    from toolgym.models import load_tokenizer, tiny_random_model
+
+    tok = load_tokenizer()
+    repo = tmp_path / "hub" / "models--toolgym-test--tiny"
+    snap = repo / "snapshots" / "0123abcd"
+    model = tiny_random_model(tok)
+    model.save_pretrained(snap)
+    tok.save_pretrained(snap)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model.config._name_or_path = "toolgym-test/tiny"
+    out = ensure_model_dir(model, tok, tmp_path / "run" / "base_model")
+    assert out == snap and model.config._name_or_path == str(snap)
+    assert not (tmp_path / "run").exists()
+
+
 def test_needs_model_dir_only_when_trl_reloads(tmp_path):
     assert not needs_model_dir(_args(tmp_path, beta=0.0))
     assert needs_model_dir(_args(tmp_path, beta=0.04))

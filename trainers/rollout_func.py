@@ -125,10 +125,12 @@ class TRLPolicy:
         return self._agree([local])[0]
 
     async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        if self.world_size == 1:
+        colocate = getattr(self.trainer, "use_vllm", False) and getattr(self.trainer, "vllm_mode", "") == "colocate"
+        if self.world_size == 1 and not colocate:
             return await asyncio.to_thread(self.generate, requests)
         # Several processes: generation is collective (gather, vLLM server, ZeRO-3), so every call runs on the same
         # dedicated thread, one at a time, in program order; the event loop stays free for tool I/O meanwhile.
+        # An in-process (colocated) vLLM engine is likewise always called from that one thread (not tried on a GPU).
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
