@@ -1,6 +1,6 @@
 """Runs the verl adapter's tests (tests/verl_adapter) in ``.venv-verl``, the venv ``make verl-env`` builds.
 
-verl 0.9.1 cannot share the main venv (it pins ``transformers<5.11``; the core needs ``>=5.20``), so this test
+verl 0.9.1 cannot share the main venv (it pins ``transformers<5.11``; the core needs ``>=5.17``), so this test
 starts that venv's Python on ``tests/verl_adapter`` and fails if any of them fails or is skipped there. It is
 skipped with the reason when the venv was not built (``make verl-env``; CI builds it best-effort in ``.ci/run``).
 ``TOOLGYM_VERL_PYTHON`` points it at another interpreter with verl installed. Slow: ~1-2 minutes on 2 cores.
