@@ -52,6 +52,7 @@ def test_a_seed_beyond_64_bits_is_a_400(served, seed) -> None:
     assert status == 200
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_huge_prompt_is_tokenised_off_the_loop(served, path) -> None:
@@ -89,6 +90,7 @@ def _send_and_drop(url: str, body: dict) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_client_that_disconnects_cancels_its_generation(served) -> None:
     server, url = served
@@ -116,6 +118,7 @@ def _registry_cli(cwd: Path, *args: str, wrap: list[str] | None = None, timeout:
                             env={**env, "PYTHONPATH": str(ROOT)})  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_promotions_at_once_are_a_compare_and_set(sqlite_store, tmp_path, ckpts, monkeypatch) -> None:  # noqa: F811
     from trainers import registry
