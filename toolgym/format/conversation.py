@@ -47,7 +47,7 @@ class _RenderCache:
     verbatim: bool | None = None  # does the template insert tool contents verbatim (checked once with a probe)?
     shows_tools: bool | None = None  # does the template show the ``tools`` it is given?
     skeletons: dict[tuple[str, ...], str] = field(default_factory=dict)  # tool names -> delta with placeholders
-    frame_lens: dict[tuple[str, ...], int] = field(default_factory=dict)  # tool names -> tokens besides contents
+    frame_lens: dict[tuple[tuple[str, str], ...], int] = field(default_factory=dict)  # (role, name)s -> tokens besides contents
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _RenderCache]] = weakref.WeakKeyDictionary()
@@ -219,7 +219,7 @@ class ChatFormat:
         contents are substituted, so a step costs no template rendering.
         """
         # call ids are part of the key: some templates render them (Mistral's [TOOL_RESULTS]ID[TOOL_CONTENT])
-        key = tuple(f"{m.get('name', '')}\x00{m.get('tool_call_id', '')}" for m in tool_messages)
+        key = tuple(f"{m.get('role', 'tool')}\x00{m.get('name', '')}\x00{m.get('tool_call_id', '')}" for m in tool_messages)
         if self._cache.verbatim is None:
             self._cache.verbatim = self._check_verbatim()
         if self._cache.verbatim:
@@ -243,22 +243,25 @@ class ChatFormat:
             return text, []
         return text, outside_spans(lambda m, _t: self._render_delta(m), tool_messages, [], text, self.control)
 
-    def observation_frame_len(self, names: tuple[str, ...]) -> int:
-        """Tokens an observation for tool results named ``names`` has besides their contents (cached)."""
-        n = self._cache.frame_lens.get(names)
+    def observation_frame_len(self, messages: Sequence[Mapping[str, Any]]) -> int:
+        """Tokens an observation of ``messages`` (tool results or other env messages) has besides their contents
+        (cached per tuple of roles and names)."""
+        key = tuple((str(m.get("role", "tool")), str(m.get("name", ""))) for m in messages)
+        n = self._cache.frame_lens.get(key)
         if n is None:
-            msgs = [self.tool_message(name, "", self.parser.call_id(0, i)) for i, name in enumerate(names)]
-            n = self._cache.frame_lens[names] = len(self.encode(self.tool_delta_spans(msgs)[0]))
+            msgs = [self.tool_message(name, "", self.parser.call_id(0, i)) if role == "tool"
+                    else {"role": role, "content": ""} for i, (role, name) in enumerate(key)]
+            n = self._cache.frame_lens[key] = len(self.encode(self.tool_delta_spans(msgs)[0]))
         return n
 
     def _render_delta(self, tool_messages: Sequence[Mapping[str, Any]]) -> str:
-        if self.parser.structured_history:
+        if self.parser.structured_history and any(m.get("role", "tool") == "tool" for m in tool_messages):
             # The template needs the calls these results answer: a stand-in assistant turn with structured
             # tool_calls; the delta is what the rendering with the results adds after the rendering without them.
             calls = [
                 {"id": m.get("tool_call_id") or f"c{i}", "type": "function",
                  "function": {"name": str(m.get("name", "")), "arguments": {}}}
-                for i, m in enumerate(tool_messages)
+                for i, m in enumerate(tool_messages) if m.get("role", "tool") == "tool"
             ]
             base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": calls}]
             before = self.render(base)
@@ -377,21 +380,25 @@ class Conversation:
         self._pending_obs = False
         return text, parsed, cut, (start, len(self.completion_ids))
 
-    def observation(self, results: Sequence[tuple[str, str, str]]) -> list[int]:
-        """Token ids of the observation for tool results ``[(name, content, call_id), ...]`` (not yet appended).
-        Tool contents are encoded as text (a control token spelled in a result is never its control id)."""
-        msgs = [self.fmt.tool_message(n, c, i) for n, c, i in results]
-        return self.fmt.encode_outside(*self.fmt.tool_delta_spans(msgs))
+    def _messages(self, results: Sequence[tuple[str, str, str] | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [dict(r) if isinstance(r, Mapping) else self.fmt.tool_message(*r) for r in results]
 
-    def add_observation(self, results: Sequence[tuple[str, str, str]], ids: Sequence[int] | None = None) -> tuple[int, int]:
-        """Append the observation for ``results`` (mask 0) and the tool messages; returns its ``[start, end)``
-        span. ``ids`` may pass the already computed :meth:`observation`."""
+    def observation(self, results: Sequence[tuple[str, str, str] | Mapping[str, Any]]) -> list[int]:
+        """Token ids of the observation for the env's answer (not yet appended): chat messages (tool results,
+        a simulated user's message, ...) or tool results as ``(name, content, call_id)`` tuples. Contents are
+        encoded as text (a control token spelled in a result is never its control id)."""
+        return self.fmt.encode_outside(*self.fmt.tool_delta_spans(self._messages(results)))
+
+    def add_observation(self, results: Sequence[tuple[str, str, str] | Mapping[str, Any]],
+                        ids: Sequence[int] | None = None) -> tuple[int, int]:
+        """Append the observation for ``results`` (as :meth:`observation`; mask 0) and its messages; returns its
+        ``[start, end)`` span. ``ids`` may pass the already computed :meth:`observation`."""
         if ids is None:
             ids = self.observation(results)
         start = len(self.completion_ids)
         self.completion_ids.extend(map(int, ids))
         self.loss_mask.extend([0] * len(ids))
-        tool_msgs = [self.fmt.tool_message(n, c, i) for n, c, i in results]
+        tool_msgs = self._messages(results)
         self.messages.extend(tool_msgs)
         self.template_messages.extend(dict(m) for m in tool_msgs)
         self._pending_obs = True
