@@ -19,7 +19,8 @@ import numpy as np
 from gymnasium import spaces
 
 from toolgym import runtime
-from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
+from toolgym.format.chat import ChatFormat
+from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.tools.base import Seconds, Tool
