@@ -11,7 +11,6 @@ first). Register a new family with ``@register_parser("name")`` on a subclass th
 from __future__ import annotations
 
 import abc
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,16 +109,6 @@ class ToolCallParser(abc.ABC):
     def _parse(self, text: str) -> ParsedTurn:
         """The family's parser (called by :meth:`parse`, which guards it): content, calls (malformed ones with
         ``parse_error``) and reasoning of one turn's text."""
-
-    def _typed(self, tool: str, key: str, raw: str) -> Any:
-        """A text-written argument value converted with the tool's parameter type (JSON when it parses)."""
-        typ = self.param_types.get(tool, {}).get(key)
-        if typ == "string":
-            return raw
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            return raw
 
     @abc.abstractmethod
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:

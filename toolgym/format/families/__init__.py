@@ -10,7 +10,7 @@ name                 format (what the model writes)
 ===================  =====================================================================================
 ``qwen3_coder``      ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
                      (Qwen3-Coder, Qwen3.5+); alias ``qwen3_xml``. Values are text, converted with the tool's
-                     parameter types (a ``string`` parameter stays text; others are read as JSON when they parse).
+                     JSON schema; tags inside values told from real ones by it (module ``qwen3_coder``).
 ``deepseek_v3``      ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>``
 ``deepseek_v31``     V3.1's variant: ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
 ``openai``           GPT-OSS harmony: messages ``[<|start|>assistant]HEADER<|message|>BODY<|end|>|<|call|>|<|return|>``;

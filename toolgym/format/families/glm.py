@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.format.families.common import (
     ToolCallBlocks,
     arg_text,
 )
+from toolgym.format.families.qwen3_coder import json_value, python_literal
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -17,6 +20,15 @@ __all__ = ["Glm45Parser"]
 
 # -- GLM-4.5 ----------------------------------------------------------------------------------------
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def _declares_string(spec: Any) -> bool:
+    if not isinstance(spec, Mapping):
+        return False
+    t = spec.get("type")
+    alts = spec.get("anyOf")
+    return (t == "string" or (isinstance(t, list) and "string" in t)
+            or (isinstance(alts, list) and any(isinstance(o, Mapping) and o.get("type") == "string" for o in alts)))
 
 
 @register_parser("glm45", "glm47")
@@ -29,6 +41,36 @@ class Glm45Parser(ToolCallBlocks, ToolCallParser):
     stop_tokens = ("<|observation|>", "<|user|>", "<|endoftext|>")
     template_markers = (("<arg_key>", "<arg_value>"),)
     turn_closed_by_header = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.string_params: dict[str, set[str]] = {}
+
+    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        """Also note which parameters are strings (``"string"``, a type list or an ``anyOf`` with a string)."""
+        super().set_tools(schemas)
+        self.string_params = {}
+        for s in schemas or ():
+            f = s.get("function", s) if isinstance(s, Mapping) else {}
+            params = f.get("parameters") if isinstance(f, Mapping) else None
+            props = params.get("properties") if isinstance(params, Mapping) else None
+            if isinstance(f.get("name"), str) and isinstance(props, Mapping):
+                self.string_params[f["name"]] = {k for k, v in props.items() if _declares_string(v)}
+
+    def _typed(self, tool: str, key: str, raw: str) -> Any:
+        """A value as vLLM's GLM parsers read it: text for a string parameter, else JSON, else a Python literal,
+        else text. ValueError for a literal with no JSON form (vLLM's turn fails there: no call)."""
+        if key in self.string_params.get(tool, ()):
+            return raw
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            pass
+        try:
+            value = python_literal(raw)
+        except ValueError:
+            return raw
+        return json_value(value)
 
     def close_token(self, parsed: ParsedTurn) -> str | None:
         return "<|observation|>" if parsed.calls else "<|user|>"
@@ -48,7 +90,10 @@ class Glm45Parser(ToolCallBlocks, ToolCallParser):
             key = m.group(1).strip()
             if key in args:
                 return ToolCall(name, raw=raw, parse_error=f"argument {key!r} given twice")
-            args[key] = self._typed(name, key, m.group(2))
+            try:
+                args[key] = self._typed(name, key, m.group(2))
+            except ValueError as e:
+                return ToolCall(name, raw=raw, parse_error=f"argument {key!r} of {name!r}: {e}")
             pos = m.end()
         if rest[pos:].strip():
             return ToolCall(name, raw=raw, parse_error="an <arg_key> without its <arg_value> (or stray text)")

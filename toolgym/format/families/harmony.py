@@ -74,6 +74,8 @@ class HarmonyParser(ToolCallParser):
                     calls.append(ToolCall(name, raw=chunk, parse_error=f"a call to {target!r} has no <|message|>"))
                 elif not name:
                     calls.append(ToolCall("", raw=chunk, parse_error="empty recipient in a harmony call"))
+                elif not body.strip():  # vLLM makes this a call with arguments "" (not JSON): reported instead
+                    calls.append(ToolCall(name, raw=chunk, parse_error=f"a call to {target!r} has no arguments"))
                 else:
                     calls.append(json_object(body, chunk, name))
             elif not sep:

@@ -45,6 +45,11 @@ class MistralParser(ToolCallParser):
                 break
         parts = body.split(self._TAG)
         calls: list[ToolCall] = []
+        if len(parts) > 2 and any(p.strip().startswith("[") for p in parts[1:]):
+            # vLLM refuses a second [TOOL_CALLS] when the calls are a JSON list (pre-v11): no call is made
+            msg = f"a JSON list of calls must be the only {self._TAG} of a turn"
+            return ParsedTurn(parts[0].strip(), [ToolCall("", raw=self._TAG + p, parse_error=msg) for p in parts[1:]],
+                              "\n".join(r for r in reasoning if r))
         for part in parts[1:]:
             calls.extend(self._decode(part))
         return ParsedTurn(parts[0].strip(), calls, "\n".join(r for r in reasoning if r))
