@@ -162,7 +162,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
     check_report_to(args)
-    from toolgym.eval import make_eval_vector_env
+    from toolgym.envs.registration import make_vector_env
     from toolgym.jsonl import JSONLStream
 
     check_output(out)  # the file itself is replaced only once the first episode has finished
@@ -174,7 +174,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
-        venv = make_eval_vector_env(env_id, num_envs, env_kwargs)
+        venv = make_vector_env(env_id, num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
