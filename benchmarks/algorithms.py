@@ -25,9 +25,11 @@ other rows are what the same budget buys with another algorithm:
     TRL ``GRPOTrainer`` through :mod:`trainers.rollout_func`, 4 tasks x 4 samples per step, lr 3e-5, beta 0) with
     ``loss_type`` ``grpo`` / ``dr_grpo``, stopped by a callback at the budget.
 
-  The rows train from the same pieces the algorithms of :data:`trainers.ALGORITHMS` run
-  (:func:`trainers.sft.masked_sft`, :func:`trainers.dpo.sample_pairs` + :func:`trainers.dpo_trainer.train_dpo`,
-  :func:`trainers.grpo.build_trainer`), in rounds stopped by the token budget, which their ``run`` does not know.
+  Every row is its algorithm's own ``run`` (:data:`trainers.ALGORITHMS`, the contract): ``sft`` with
+  ``update: masked`` (:func:`trainers.sft.masked_sft` after each round), ``rft``, ``dpo`` (each with
+  ``max_generated_tokens`` = the budget and the method's task stream as the ``tasks=`` pool: round ``r`` takes its
+  next tasks), ``grpo`` through :func:`trainers.grpo.build_trainer` (its ``run`` minus the save, plus the budget
+  callback).
 
   No hyperparameter was chosen on the test split: the shared ones are the demo's (chosen on a validation draw of
   the train split), DPO's lr is GRPO's and its beta TRL's default.
@@ -137,73 +139,66 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _sft_epoch(model: Any, kept: Sequence[Any], a: argparse.Namespace) -> None:
-    from trainers.sft import masked_sft
-
-    masked_sft(model, kept, steps=max(1, -(-len(kept) // a.batch_size)), lr=a.sft_lr, batch_size=a.batch_size,
-               seed=a.seed)
-    model.eval()
+# SFT, RFT and DPO: the algorithm's own ``run`` (trainers.ALGORITHMS[name]) in rounds that end at the token budget
+# (``max_generated_tokens``), each round taking the next tasks of the method's stream (the ``tasks=`` pool).
+ROUNDS_CAP = 1_000_000  # rounds end at the token budget long before this
 
 
-def _sampler(model: Any, tok: Any, a: argparse.Namespace, round_: int) -> Any:
-    from toolgym.rollout import TransformersPolicy
-
-    return TransformersPolicy(model, tok, temperature=a.temperature, seed=a.seed + round_, return_logprobs=False)
+def _tmp(a: argparse.Namespace, name: str) -> str:
+    return str(a.out / "tmp" / name)
 
 
 def run_sft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from toolgym.eval import oracle_policy
-    from trainers.sft import collect
+    """Oracle episodes in rounds of ``a.round_tasks``, one masked-SFT epoch per round (``update: masked``)."""
+    import torch
 
-    tokens = rounds = episodes = 0
-    while tokens < budget:
-        kept, alltr = collect(ENV, oracle_policy(), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
-                              max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
-        tokens += sum(sum(t.loss_mask) for t in alltr)
-        episodes += len(alltr)
-        _sft_epoch(model, kept, a)
-        rounds += 1
-    return {"tokens": tokens, "rounds": rounds, "episodes": episodes}
+    from trainers import ALGORITHMS
+
+    sft = ALGORITHMS["sft"]
+    config = sft.Config(
+        env_id=ENV, env_kwargs={"split": "train", **prompt_kwargs()}, policy="oracle", episodes=a.round_tasks,
+        task_seed=a.seed, max_turn_tokens=a.max_turn_tokens, num_envs=16, update="masked", rounds=ROUNDS_CAP,
+        max_generated_tokens=budget, save_model=False,
+        trl={"output_dir": _tmp(a, "sft"), "learning_rate": a.sft_lr, "per_device_train_batch_size": a.batch_size,
+             "num_train_epochs": 1.0, "seed": a.seed, "report_to": [], "max_length": None,
+             "use_cpu": not torch.cuda.is_available()},
+    )
+    m = sft.run(config, model=model, tokenizer=tok, tasks=stream.rows).metrics
+    return {"tokens": m["generated_tokens"], "rounds": m["rounds"], "episodes": m["episodes"]}
 
 
 def run_rft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from toolgym.rollout import RolloutDriver
+    """Rounds of one sampled episode for each of ``a.round_tasks`` tasks, keep reward 1, one masked-SFT epoch."""
+    from trainers import ALGORITHMS
 
-    tokens = rounds = kept_total = episodes = 0
-    while tokens < budget:
-        driver = RolloutDriver(ENV, _sampler(model, tok, a, rounds), max_turn_tokens=a.max_turn_tokens, num_envs=16,
-                               env_kwargs=env_kwargs(tok))
-        trajs = driver.run(stream.take(a.round_tasks), seeds=a.seed + 1000 * rounds)
-        driver.venv.close()
-        tokens += driver.stats.generated_tokens
-        episodes += len(trajs)
-        kept = [t for t in trajs if t.reward >= 1.0]
-        kept_total += len(kept)
-        if kept:
-            _sft_epoch(model, kept, a)
-        rounds += 1
-    return {"tokens": tokens, "rounds": rounds, "kept": kept_total, "episodes": episodes}
+    rft = ALGORITHMS["rft"]
+    config = rft.Config(
+        env_id=ENV, env_kwargs=prompt_kwargs(), output_dir=_tmp(a, "rft"), split="train", tasks=a.round_tasks, k=1,
+        temperature=a.temperature, threshold=1.0, rounds=ROUNDS_CAP, max_generated_tokens=budget, epochs=1.0,
+        lr=a.sft_lr, batch_size=a.batch_size, max_turn_tokens=a.max_turn_tokens, num_envs=16, seed=a.seed,
+        env_seed_stride=1000, sft_seed=a.seed, save=False,
+    )
+    res = rft.run(config, model=model, tokenizer=tok, tasks=stream.rows, log=lambda _: None)
+    rounds = res.metrics["rounds"]
+    return {"tokens": res.metrics["generated_tokens"], "rounds": len(rounds),
+            "kept": sum(r["kept"] for r in rounds), "episodes": sum(r["sampled"] for r in rounds)}
 
 
 def run_dpo(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from trainers.dpo import sample_pairs
-    from trainers.dpo_trainer import train_dpo
+    """Rounds of ``a.round_tasks // a.dpo_samples`` tasks x ``a.dpo_samples`` episodes, up to 2 pairs per task."""
+    from trainers import ALGORITHMS
 
-    tokens = rounds = pairs_total = episodes = 0
-    n_tasks = max(1, a.round_tasks // a.dpo_samples)
-    while tokens < budget:
-        pairs, trajs, stats = sample_pairs(ENV, _sampler(model, tok, a, rounds), stream.take(n_tasks),
-                                           samples_per_task=a.dpo_samples, margin=0.5, pairs_per_task=2,
-                                           seed=a.seed + 1000 * rounds, max_turn_tokens=a.max_turn_tokens,
-                                           env_kwargs=env_kwargs(tok))
-        tokens += int(stats["generated_tokens"])
-        episodes += len(trajs)
-        pairs_total += len(pairs)
-        if pairs:
-            train_dpo(model, tok, pairs, output_dir=a.out / "tmp", beta=a.dpo_beta, learning_rate=a.dpo_lr,
-                      batch_size=a.batch_size, epochs=1, seed=a.seed, disable_tqdm=True)
-        rounds += 1
-    return {"tokens": tokens, "rounds": rounds, "pairs": pairs_total, "episodes": episodes}
+    dpo = ALGORITHMS["dpo"]
+    config = dpo.Config(
+        env_id=ENV, env_kwargs={"split": "train", **prompt_kwargs()}, num_tasks=max(1, a.round_tasks // a.dpo_samples),
+        samples_per_task=a.dpo_samples, rounds=ROUNDS_CAP, max_generated_tokens=budget, temperature=a.temperature,
+        policy_seed_stride=1, max_turn_tokens=a.max_turn_tokens, num_envs=16, margin=0.5, pairs_per_task=2,
+        beta=a.dpo_beta, learning_rate=a.dpo_lr, batch_size=a.batch_size, epochs=1.0, output_dir=_tmp(a, "dpo"),
+        save_model=False, seed=a.seed,
+    )
+    m = dpo.run(config, model=model, tokenizer=tok, tasks=stream.rows).metrics
+    return {"tokens": m["generated_tokens"], "rounds": len(m["rounds"]),
+            "pairs": sum(r["pairs"] for r in m["rounds"]), "episodes": sum(r["episodes"] for r in m["rounds"])}
 
 
 def _run_grpo(loss_type: str) -> Callable[..., dict[str, Any]]:

@@ -110,8 +110,12 @@ class Config:
     num_tasks: int = opt(32, "online: tasks drawn from the env (seeds task_seed ... task_seed + n - 1)")
     task_seed: int = opt(0, "online: first seed for drawing tasks")
     samples_per_task: int = opt(4, "online: episodes sampled per task and round (>= 2)")
-    rounds: int = opt(1, "online: sample-pair-train rounds (the reference model is the policy at each round start)")
+    rounds: int = opt(1, "online: sample-pair-train rounds (the reference model is the policy at each round start; "
+                         "with max_generated_tokens: the most rounds)")
+    max_generated_tokens: int = opt(0, "online: token budget: no new round once the tokens sampled so far reach "
+                                       "this (it ends after the round that crosses it; 0: no budget)")
     temperature: float = opt(1.0, "online: sampling temperature")
+    policy_seed_stride: int = opt(7919, "online: round r samples with policy seed seed + policy_seed_stride * r")
     max_turn_tokens: int = opt(64, "online: tokens sampled per assistant turn")
     num_envs: int = opt(16, "online: parallel sub-envs for sampling")
     margin: float = opt(0.5, "a pair needs chosen reward - rejected reward >= margin (and strictly greater)")
@@ -130,8 +134,13 @@ class Config:
     threads: int = opt(0, "torch CPU threads (0: torch's default)")
 
 
-def run(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> RunResult:
+def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
+        tasks: Sequence[Mapping[str, Any]] | None = None) -> RunResult:
     """Offline (``cfg.trajectories``) or online DPO. ``model``/``tokenizer`` default to ``cfg.model``.
+
+    ``tasks`` (online): a pool of task rows instead of drawing ``cfg.num_tasks`` of them: round ``r`` takes the
+    next ``n = min(cfg.num_tasks, len(pool))`` rows (``pool[(r * n + i) % len(pool)]``; the drawn default is a
+    pool of at most ``cfg.num_tasks`` rows, i.e. the same tasks every round).
 
     ``metrics``: pairs, losses, generated tokens and wall time per round (also written to
     ``output_dir/dpo_summary.json``); ``artifacts``: the pairs datasets and trajectories it wrote.
@@ -161,12 +170,17 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> RunResult:
         tr = train_dpo(model, tokenizer, pairs, output_dir=out, **train_kw)
         summary["rounds"].append({"pairs": len(pairs), "loss": _losses(tr)})
     else:
-        tasks = draw_tasks(cfg.env_id, cfg.num_tasks, seed=cfg.task_seed, env_kwargs=env_kwargs)
+        pool = (list(tasks) if tasks is not None
+                else draw_tasks(cfg.env_id, cfg.num_tasks, seed=cfg.task_seed, env_kwargs=env_kwargs))
         for r in range(cfg.rounds):
-            policy = TransformersPolicy(model, tokenizer, temperature=cfg.temperature, seed=cfg.seed + 7919 * r,
-                                        return_logprobs=False)
+            if 0 < cfg.max_generated_tokens <= summary["generated_tokens"]:
+                break
+            n = min(cfg.num_tasks, len(pool))
+            round_tasks = [pool[(r * n + i) % len(pool)] for i in range(n)]
+            policy = TransformersPolicy(model, tokenizer, temperature=cfg.temperature,
+                                        seed=cfg.seed + cfg.policy_seed_stride * r, return_logprobs=False)
             pairs, trajs, stats = sample_pairs(
-                cfg.env_id, policy, tasks, samples_per_task=cfg.samples_per_task, margin=cfg.margin,
+                cfg.env_id, policy, round_tasks, samples_per_task=cfg.samples_per_task, margin=cfg.margin,
                 pairs_per_task=cfg.pairs_per_task, seed=cfg.seed + 1_000 * r, max_turn_tokens=cfg.max_turn_tokens,
                 num_envs=cfg.num_envs, env_kwargs=env_kwargs, trajectory_path=out / f"trajectories_round{r}.jsonl",
             )

@@ -47,7 +47,9 @@ class Config:
     temperature: float = opt(1.0, "sampling temperature (> 0)")
     threshold: float = opt(1.0, "keep samples whose episode reward is >= this")
     best_per_task: bool = opt(False, "keep at most one sample per task (the highest reward)")
-    rounds: int = opt(2, "sample -> filter -> fine-tune rounds")
+    rounds: int = opt(2, "sample -> filter -> fine-tune rounds (with max_generated_tokens: the most rounds)")
+    max_generated_tokens: int = opt(0, "token budget: no new round once the tokens sampled so far reach this "
+                                       "(it ends after the round that crosses it; 0: no budget, `rounds` rounds)")
     epochs: float = opt(1.0, "passes over the kept episodes per round (steps = ceil(epochs * kept / batch))")
     max_steps: int = opt(0, "cap on SFT steps per round (0: no cap)")
     lr: float = opt(5e-5, "AdamW learning rate (linear decay within a round)")
@@ -58,6 +60,9 @@ class Config:
     eval_tasks: int = opt(0, "held-out tasks evaluated (greedy) after each round; 0 = no evaluation")
     eval_seed: int = opt(10_000, "seed drawing the held-out tasks, and their first env seed (same every round)")
     seed: int = opt(0, "seed of sampling and SFT batch order")
+    env_seed_stride: int = opt(0, "env seeds of round r's episodes: 0 = (seed + r) * 1000003 + i; > 0 = seed + "
+                                  "env_seed_stride * r + i (i: the episode's index in the round)")
+    sft_seed: int | None = opt(None, "seed of the SFT batch order (null: seed + r in round r)")
     threads: int = opt(0, "torch CPU threads (0: torch's default)")
     save: bool = opt(True, "save the final model (Hugging Face format) to output_dir")
 
@@ -95,13 +100,17 @@ def rft_round(
     seed: int = 0,
     env_kwargs: Mapping[str, Any] | None = None,
     num_envs: int = 64,
+    env_seeds: int | Sequence[int] | None = None,
+    sft_seed: int | None = None,
 ) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """One RFT round: sample ``k`` episodes per task from ``model`` (temperature ``temperature``), keep
     :func:`select_samples`, fine-tune ``model`` in place on them (:func:`trainers.sft.masked_sft`).
 
-    ``env``: an env id or a vector env. Returns ``(kept, sampled, stats)``; ``stats`` has ``sampled``,
-    ``sample_reward``, ``tasks_with_kept`` (share of tasks with >= 1 kept sample), ``kept``, ``sft_steps``,
-    ``loss`` (per step) and ``wall_s``.
+    ``env``: an env id or a vector env. ``env_seeds``: the episodes' env seeds (an int ``s``: ``s + i``; default
+    ``seed * 1000003 + i``); ``sft_seed``: the SFT batch order's seed (default ``seed``). Returns
+    ``(kept, sampled, stats)``; ``stats`` has ``sampled``, ``sample_reward``, ``tasks_with_kept`` (share of tasks
+    with >= 1 kept sample), ``kept``, ``sft_steps``, ``loss`` (per step), ``generated_tokens`` (tokens the model
+    sampled) and ``wall_s``.
     """
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from trainers.sft import masked_sft
@@ -113,12 +122,19 @@ def rft_round(
     rows = [dict(t) for t in tasks for _ in range(k)]
     driver = RolloutDriver(env, policy, max_turn_tokens=max_turn_tokens, num_envs=min(num_envs, len(rows)),
                            env_kwargs={"tokenizer": tokenizer, **dict(env_kwargs or {})})
-    sampled = driver.run(rows, seeds=[seed * 1_000_003 + i for i in range(len(rows))])
+    if env_seeds is None:
+        env_seeds = [seed * 1_000_003 + i for i in range(len(rows))]
+    try:
+        sampled = driver.run(rows, seeds=env_seeds)
+    finally:
+        if isinstance(env, str):  # the driver built this vector env: close it
+            driver.venv.close()
     kept = select_samples(sampled, threshold, best_per_task=best_per_task)
     steps = math.ceil(epochs * len(kept) / batch_size) if kept else 0
     if max_steps > 0:
         steps = min(steps, max_steps)
-    losses = masked_sft(model, kept, steps=steps, lr=lr, batch_size=batch_size, seed=seed) if steps else []
+    sft_seed = seed if sft_seed is None else sft_seed
+    losses = masked_sft(model, kept, steps=steps, lr=lr, batch_size=batch_size, seed=sft_seed) if steps else []
     ids = {str(t["id"]) for t in tasks}
     stats = {
         "sampled": len(sampled),
@@ -127,17 +143,23 @@ def rft_round(
         "kept": len(kept),
         "sft_steps": steps,
         "loss": losses,
+        "generated_tokens": int(driver.stats.generated_tokens),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     return kept, sampled, stats
 
 
 def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
-        log: Callable[[str], None] = print) -> RunResult:
-    """Run ``cfg.rounds`` RFT rounds. ``model``/``tokenizer`` override ``cfg.model``; the model is trained in place.
+        log: Callable[[str], None] = print, tasks: Sequence[Mapping[str, Any]] | None = None) -> RunResult:
+    """Run ``cfg.rounds`` RFT rounds (fewer when ``cfg.max_generated_tokens`` is reached first).
+    ``model``/``tokenizer`` override ``cfg.model``; the model is trained in place.
 
-    ``metrics``: ``{"config", "rounds": [stats...], "eval_before"?}`` (also written to ``output_dir/rft_log.json``);
-    ``artifacts``: ``kept_round{r}`` (each round's kept episodes, JSONL) and ``log``.
+    ``tasks``: a pool of training task rows instead of drawing ``cfg.tasks`` of them: round ``r`` takes the next
+    ``n = min(cfg.tasks, len(pool))`` rows (``pool[(r * n + i) % len(pool)]``; the drawn default is a pool of at
+    most ``cfg.tasks`` rows, i.e. the same tasks every round).
+
+    ``metrics``: ``{"config", "rounds": [stats...], "generated_tokens", "eval_before"?}`` (also written to
+    ``output_dir/rft_log.json``); ``artifacts``: ``kept_round{r}`` (each round's kept episodes, JSONL) and ``log``.
     """
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from toolgym.tasks import draw_tasks
@@ -154,8 +176,8 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     env_kwargs = {"split": cfg.split, **cfg.env_kwargs}
     eval_kwargs = {"tokenizer": tokenizer, "split": cfg.eval_split, **cfg.env_kwargs}
     # the tasks come from the very envs the episodes run in (the env kwargs' split wins, as for the episodes)
-    train_tasks = draw_tasks(cfg.env_id, cfg.tasks, seed=cfg.task_seed, env_kwargs={"tokenizer": tokenizer,
-                                                                                     **env_kwargs})
+    pool = list(tasks) if tasks is not None else draw_tasks(cfg.env_id, cfg.tasks, seed=cfg.task_seed,
+                                                            env_kwargs={"tokenizer": tokenizer, **env_kwargs})
     eval_tasks = (draw_tasks(cfg.env_id, cfg.eval_tasks, seed=cfg.eval_seed, env_kwargs=eval_kwargs)
                   if cfg.eval_tasks > 0 else [])
 
@@ -167,18 +189,25 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
         s = summarize(driver.run(eval_tasks, seeds=list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))))
         return {"success": s["success"], "tool_call_rate": s["tool_call_rate"], "n_tasks": s["episodes"]}
 
-    result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "rounds": []}
+    result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "rounds": [], "generated_tokens": 0}
     artifacts: dict[str, str] = {}
     if eval_tasks:
         result["eval_before"] = evaluate()
         log(f"[rft] held-out before: success {result['eval_before']['success']:.1%}")
     for r in range(cfg.rounds):
+        if 0 < cfg.max_generated_tokens <= result["generated_tokens"]:
+            break
+        n = min(cfg.tasks, len(pool))
+        train_tasks = [pool[(r * n + i) % len(pool)] for i in range(n)]
         kept, sampled, stats = rft_round(
             model, tokenizer, cfg.env_id, train_tasks, k=cfg.k, threshold=cfg.threshold,
             temperature=cfg.temperature, best_per_task=cfg.best_per_task, epochs=cfg.epochs,
             max_steps=cfg.max_steps, lr=cfg.lr, batch_size=cfg.batch_size, max_turn_tokens=cfg.max_turn_tokens,
             seed=cfg.seed + r, env_kwargs=env_kwargs, num_envs=cfg.num_envs,
+            env_seeds=cfg.seed + cfg.env_seed_stride * r if cfg.env_seed_stride > 0 else None,
+            sft_seed=cfg.sft_seed,
         )
+        result["generated_tokens"] += stats["generated_tokens"]
         write_trajectories(out / f"round{r}_kept.jsonl", kept)
         artifacts[f"kept_round{r}"] = str(out / f"round{r}_kept.jsonl")
         stats["round"] = r + 1

@@ -274,6 +274,14 @@ class Config:
     temperature: float = opt(1.0, "sampling temperature of policy: model")
     trajectory_path: str | None = opt(None, "JSONL the kept episodes are written to (null: "
                                             "<output_dir>/sft_trajectories.jsonl)")
+    update: str = opt("trl", "how the model learns: 'trl' = one TRL SFTTrainer run (the trl fields) on the kept "
+                             "episodes; 'masked' = trainers.sft.masked_sft after each round: "
+                             "max(1, ceil(num_train_epochs * kept / per_device_train_batch_size)) AdamW steps with "
+                             "trl's learning_rate (linear decay), max_grad_norm and seed")
+    rounds: int = opt(1, "collect -> fine-tune rounds of `episodes` episodes each (> 1 needs update: masked; with "
+                         "max_generated_tokens: the most rounds)")
+    max_generated_tokens: int = opt(0, "token budget (update: masked): no new round once the policy tokens (loss "
+                                       "mask 1) of the collected episodes reach this; 0: no budget")
     threads: int = opt(0, "torch CPU threads (0: torch's default)")
     save_model: bool = opt(True, "save the trained model and tokenizer to trl.output_dir")
     trl: dict[str, Any] = field(default_factory=lambda: {"max_length": None}, metadata={
@@ -283,13 +291,25 @@ class Config:
     def __post_init__(self) -> None:
         if self.policy not in ("oracle", "model"):
             raise ValueError(f"policy must be 'oracle' or 'model', got {self.policy!r}")
+        if self.update not in ("trl", "masked"):
+            raise ValueError(f"update must be 'trl' or 'masked', got {self.update!r}")
+        if self.update == "trl" and (self.rounds != 1 or self.max_generated_tokens):
+            raise ValueError("rounds != 1 and max_generated_tokens need update: masked")
 
 
-def run(config: Config, *, model: Any = None, tokenizer: Any = None) -> RunResult:
+def run(config: Config, *, model: Any = None, tokenizer: Any = None,
+        tasks: Sequence[Mapping[str, Any]] | None = None) -> RunResult:
     """Collect ``episodes`` episodes (oracle or model), keep those above ``threshold``, fine-tune with the loss
     mask (TRL ``SFTTrainer``), save to ``trl.output_dir``. ``model``/``tokenizer`` default to ``config.model``.
+    With ``update: masked``: ``rounds`` rounds of collect -> :func:`masked_sft` (fewer when
+    ``max_generated_tokens`` is reached first).
 
-    ``metrics``: ``episodes``, ``kept``, the rollout ``summary``, ``global_step``, ``loss`` (per logged step).
+    ``tasks``: a pool of task rows instead of tasks drawn from the env seeds: round ``r`` takes the next
+    ``n = min(episodes, len(pool))`` rows (``pool[(r * n + i) % len(pool)]``); every round's env seeds start at
+    ``task_seed``.
+
+    ``metrics``: ``episodes``, ``kept``, the rollout ``summary``, ``global_step``, ``loss`` (per logged step),
+    ``rounds``, ``generated_tokens`` (policy tokens, loss mask 1, of the collected episodes).
 
     Raises:
         ConfigError: no episode cleared the threshold (exit code 1: nothing to train on).
@@ -309,9 +329,19 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None) -> RunResul
     policy: Policy = (oracle_policy() if config.policy == "oracle"
                       else TransformersPolicy(model, tokenizer, temperature=config.temperature, seed=args.seed))
     env_kwargs = {"tokenizer": tokenizer, **config.env_kwargs}
-    kept, alltr = collect(config.env_id, policy, [None] * config.episodes, threshold=config.threshold,
-                          seeds=config.task_seed, max_turn_tokens=config.max_turn_tokens, num_envs=config.num_envs,
-                          env_kwargs=env_kwargs)
+
+    def collect_round(r: int) -> tuple[list[Trajectory], list[Trajectory]]:
+        if tasks is None:
+            rows: list[Mapping[str, Any] | None] = [None] * config.episodes
+        else:
+            n = min(config.episodes, len(tasks))
+            rows = [tasks[(r * n + i) % len(tasks)] for i in range(n)]
+        return collect(config.env_id, policy, rows, threshold=config.threshold, seeds=config.task_seed,
+                       max_turn_tokens=config.max_turn_tokens, num_envs=config.num_envs, env_kwargs=env_kwargs)
+
+    if config.update == "masked":
+        return _run_masked(config, args, model, tokenizer, collect_round)
+    kept, alltr = collect_round(0)
     print(f"[sft] {len(alltr)} episodes, kept {len(kept)} (reward >= {config.threshold}): {summarize(alltr)}")
     if not kept:
         raise ConfigError("no episode cleared the threshold: nothing to train on", code=1)
@@ -328,7 +358,57 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None) -> RunResul
     print(f"[sft] {trainer.state.global_step} steps" + (f", model saved to {out}" if config.save_model else ""))
     metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
                "global_step": int(trainer.state.global_step),
-               "loss": [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]}
+               "loss": [float(h["loss"]) for h in trainer.state.log_history if "loss" in h],
+               "rounds": 1, "generated_tokens": _policy_tokens(alltr)}
+    return RunResult("sft", str(out), str(out) if config.save_model else None, metrics,
+                     {"trajectories": str(traj_path)})
+
+
+def _policy_tokens(trajectories: Sequence[Trajectory]) -> int:
+    """Tokens the policy wrote (loss mask 1) in ``trajectories``."""
+    return int(sum(sum(t.loss_mask) for t in trajectories))
+
+
+def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
+                collect_round: Callable[[int], tuple[list[Trajectory], list[Trajectory]]]) -> RunResult:
+    """``run`` with ``update: masked``: rounds of ``collect_round(r)`` -> :func:`masked_sft` on the kept episodes
+    until ``config.rounds`` rounds or ``config.max_generated_tokens`` policy tokens."""
+    import math
+
+    from toolgym.errors import ConfigError
+    from toolgym.rollout import write_trajectories
+
+    kept_all: list[Trajectory] = []
+    every: list[Trajectory] = []
+    losses: list[float] = []
+    rounds = tokens = 0
+    for r in range(config.rounds):
+        if 0 < config.max_generated_tokens <= tokens:
+            break
+        kept, alltr = collect_round(r)
+        tokens += _policy_tokens(alltr)
+        every += alltr
+        kept_all += kept
+        if kept:
+            bs = int(args.per_device_train_batch_size)
+            losses += masked_sft(model, kept, steps=max(1, math.ceil(args.num_train_epochs * len(kept) / bs)),
+                                 lr=args.learning_rate, batch_size=bs, seed=args.seed,
+                                 max_grad_norm=args.max_grad_norm)
+        rounds += 1
+    print(f"[sft] {rounds} rounds, {len(every)} episodes, kept {len(kept_all)} (reward >= {config.threshold}): "
+          f"{summarize(every)}")
+    if not kept_all:
+        raise ConfigError("no episode cleared the threshold: nothing to train on", code=1)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    traj_path = Path(config.trajectory_path or out / "sft_trajectories.jsonl")
+    write_trajectories(traj_path, kept_all)
+    if config.save_model:
+        model.save_pretrained(str(out))
+        tokenizer.save_pretrained(str(out))
+    print(f"[sft] {len(losses)} masked-SFT steps" + (f", model saved to {out}" if config.save_model else ""))
+    metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
+               "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}
     return RunResult("sft", str(out), str(out) if config.save_model else None, metrics,
                      {"trajectories": str(traj_path)})
 
