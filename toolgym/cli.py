@@ -16,6 +16,7 @@ Subcommands::
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
     toolgym train grpo|rft|sft|dpo --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
+    toolgym ui [--host 127.0.0.1] [--port 7860] [--runs runs/] [--token-file F]   web page (the [ui] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -246,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
+    s = sub.add_parser("ui", help="the web page: tools, rewards, training jobs, runs, evaluation and registry "
+                       "(`toolgym ui --help`; the [ui] extra)", add_help=False)
+    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the web UI")
     s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
                        description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
@@ -270,6 +274,8 @@ def run_train(argv: list[str]) -> int:
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["registry"]:  # trainers/registry.py owns its arguments
         return int(trainers_module("trainers.registry").main(argv[1:]))
+    if argv[:1] == ["ui"]:  # trainers/ui owns its arguments
+        return int(trainers_module("trainers.ui").main(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).
     if len(argv) >= 2 and argv[0] in ("bench", "serve") and not argv[1].startswith("-"):
         table = BENCHMARKS if argv[0] == "bench" else SERVERS
