@@ -178,8 +178,9 @@ def build_reward(parts: Sequence[Mapping[str, Any]]) -> Any:
 
 
 def score_file(path: Path, parts: Sequence[Mapping[str, Any]], *, limit: int = 200) -> dict[str, Any]:
-    """Run the composition on the trajectories of ``path`` (the first ``limit``): per episode the total and
-    every component, and per turn the per-turn components. Returns ``{"weights", "episodes": [...]}``."""
+    """Run the composition on the trajectories of ``path`` (the first ``limit``): per episode the total (outcome +
+    the per-turn rewards of every turn, as the env pays them) and every component (a per-turn one summed over the
+    turns), and per turn the per-turn value and components. Returns ``{"weights", "n", "shown", "episodes"}``."""
     from toolgym.rewards.base import outcome_score, turn_score
     from toolgym.runtime import run_sync
     from toolgym.trajectory import Trajectory, TrajectoryFormatError, read_trajectories
@@ -201,8 +202,13 @@ def score_file(path: Path, parts: Sequence[Mapping[str, Any]], *, limit: int = 2
             for i, turn in enumerate(traj.turns):
                 s = await turn_score(reward, turn, traj, task)
                 turns.append({"turn": i, "value": s.value, "components": dict(s.components)})
-        return {"episode": k, "task": task.get("id"), "value": out.value, "components": dict(out.components),
-                "turns": turns, "answer": (traj.answer or "")[:200]}
+        comps = dict(out.components)
+        for t in turns:  # a per-turn reward counts once per turn: its episode value is the sum over turns
+            for name, v in t["components"].items():
+                if name not in out.components:
+                    comps[name] = comps.get(name, 0.0) + v
+        return {"episode": k, "task": task.get("id"), "value": out.value + sum(t["value"] for t in turns),
+                "outcome": out.value, "components": comps, "turns": turns, "answer": (traj.answer or "")[:200]}
 
     async def all_() -> list[dict[str, Any]]:
         import asyncio
