@@ -144,8 +144,12 @@ def tab(d: WebDriver, name: str) -> None:
     wait_for(d, f"return document.querySelector('#page-{name}').classList.contains('on')")
 
 
-def shot(d: WebDriver, name: str) -> None:
-    """Screenshot of the viewport: kept under ``$TOOLGYM_UI_SHOTS`` when set; always checked not blank."""
+def shot(d: WebDriver, name: str, at: str | None = None) -> None:
+    """Screenshot of the viewport (from the top, or from element ``at``): kept under ``$TOOLGYM_UI_SHOTS`` when
+    set; always checked not blank."""
+    d.js("window.scrollTo(0, 0)" if not at else
+         f"window.scrollTo(0, document.querySelector({json.dumps(at)}).getBoundingClientRect().top + window.scrollY - 8)")
+    time.sleep(0.3)
     png = base64.b64decode(d.cmd("GET", "/screenshot"))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, "blank screenshot"
     out = os.environ.get("TOOLGYM_UI_SHOTS")
@@ -283,9 +287,11 @@ def test_tool_playground_calls_a_real_mcp_server_over_stdio(server: Server, brow
     wait_for(d, "return (document.querySelector('#call-kind')?.textContent || '').includes('invalid_arguments')")
     assert text(d, "#call-content").startswith("Error (invalid_arguments)")
     set_value(d, "#call-tool", "fail")
-    type_into(d, "#call-args", "{}")
+    type_into(d, "#call-args", '{"message": "boom"}')
     d.click("#call-run")
-    wait_for(d, "return (document.querySelector('#call-kind')?.textContent || '').startsWith('error:')")
+    kind = wait_for(d, "const k = document.querySelector('#call-kind')?.textContent || '';"
+                       "return k.startsWith('error:') && !k.includes('invalid_arguments') ? k : null")
+    assert "boom" in text(d, "#call-content") and kind != "error: invalid_arguments"
     shot(d, "tools")
     # a config error is a message, not a traceback
     type_into(d, "#mcp-config", '{"mcpServers": {"bad": {"command": "/nonexistent/mcp-server"}}}')
@@ -353,7 +359,7 @@ def test_train_grpo_from_the_page_to_its_curve_then_runs_and_jobs_survive(server
     assert pts == 2  # one point per step
     assert text(d, "#job-progress") == "step 2 of 2"
     assert d.js("return document.querySelectorAll('#job-errors polyline.curve').length") >= 5  # one per error kind
-    shot(d, "train")
+    shot(d, "train", at="#job-card")
     job_id = text(d, "#job-id").rsplit("(", 1)[1].rstrip(")")
     assert (server.runs / "grpo-ui" / "model.safetensors").is_file()
 

@@ -47,6 +47,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 __all__ = ["DemoConfig", "main", "run_demo"]
 
 ENV_ID = "toolgym/Calculator-v0"
+#: the held-out evaluations' trajectory files under ``<output_dir>/trajectories/`` (plain names: the docs quote them)
+EVAL_FILES = {"before": "eval_before.jsonl", "after warm start": "eval_after_warmstart.jsonl",
+              "after GRPO": "eval_after_grpo.jsonl"}
 
 
 @dataclass
@@ -158,7 +161,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
         driver = RolloutDriver(venv, policy, max_turn_tokens=cfg.max_turn_tokens)
         trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
-        write_trajectories(out / "trajectories" / f"eval_{tag}.jsonl", trajs)
+        write_trajectories(out / "trajectories" / EVAL_FILES[tag], trajs)
         s = summarize(trajs)
         wins = [float(t.outcome_reward >= 1.0) for t in trajs]
         s["n_tasks"] = len(trajs)

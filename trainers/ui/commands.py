@@ -286,9 +286,12 @@ def registry(runs: Path, action: str, fields: Mapping[str, Any], env: Mapping[st
     lines = p.stdout.strip().splitlines()
     if p.returncode == 0 and lines:
         try:
-            result = json.loads(lines[-1])
+            result = json.loads(p.stdout)
         except json.JSONDecodeError:
-            result = lines[-1]
+            try:
+                result = json.loads(lines[-1])
+            except json.JSONDecodeError:
+                result = lines[-1]
     err = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     return {"ok": p.returncode == 0, "rc": p.returncode, "command": display(argv), "result": result,
             "error": err[-1] if err and p.returncode else None}
