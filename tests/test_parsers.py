@@ -90,6 +90,10 @@ _ALL = ["hermes", "llama3_json", "qwen3_coder", "deepseek_v3", "deepseek_v31", "
 def test_format_calls_round_trips(family):
     p = get_parser(family)
     calls = [("search", {"query": "capital of France", "k": 3}), ("calc", {"expression": "1+2", "n": {"a": [1, "x"]}})]
+    types = {"search": {"query": "string", "k": "integer"}, "calc": {"expression": "string", "n": "object"}}
+    # the tools' schemas, as every env gives them (text-written values are typed with them, as vLLM does)
+    p.set_tools([{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {
+        k: {"type": t} for k, t in ts.items()}}}} for n, ts in types.items()])
     parsed = p.parse(p.format_calls(calls))
     assert [(c.name, c.arguments) for c in parsed.calls] == calls
     assert parsed.n_malformed == 0

@@ -51,6 +51,7 @@ from toolgym.cli_common import (
     check_reachable,
     check_report_to,
     env_construction_error,
+    import_user_module,
     make_policy,
     parse_env_kwargs,
     policy_connection,
@@ -60,7 +61,7 @@ from toolgym.cli_common import (
     trainers_module,
 )
 from toolgym.cli_eval import add_parser as add_eval_parser
-from toolgym.cli_eval import add_run_args
+from toolgym.cli_eval import add_run_args, require_oracle
 from toolgym.cli_view import add_parsers as add_view_parsers
 
 __all__ = [
@@ -106,15 +107,13 @@ def user_envs() -> dict[str, tuple[str, str]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import importlib
-
     from toolgym.envs.registration import ENVS
 
     for mod in args.imports or []:
         try:
-            importlib.import_module(mod)
-        except ImportError as e:
-            raise CLIError(f"--import {mod}: {e}", ExitCode.USAGE) from None
+            import_user_module(mod)
+        except CLIError as e:
+            raise CLIError(f"--import {mod}: {e.message}", ExitCode.USAGE) from None
     envs = {**ENVS, **user_envs()}
     if args.json:
         print(json.dumps([{"id": k, "entry_point": ep, "description": d, "builtin": k in ENVS}
@@ -171,13 +170,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from toolgym.rollout import RolloutDriver, summarize
 
     policy, tok = make_policy(args)
-    env_kwargs.setdefault("tokenizer", tok)
+    if tok is not None:  # None: the oracle, which runs with the env's own tokenizer
+        env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
         venv = make_eval_vector_env(env_id, num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
+        require_oracle(args.policy, env_id, venv)
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
         # episodes are streamed as they finish: an interrupted run keeps them
         with JSONLStream(out) as stream, policy_connection(args.policy):
@@ -228,8 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_EPILOG, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("env", help="env id (toolgym/Calculator-v0, Calculator-v0 or calculator)")
     s.add_argument("--policy", default="embedded",
-                   help="'embedded' (SmolLM2-135M), 'tiny' (tiny random model), an http(s):// URL of an "
-                        "OpenAI-compatible server (vLLM, `toolgym serve model`), or a model path")
+                   help="'oracle' (the env's oracle(state)), 'embedded' (SmolLM2-135M), 'tiny' (tiny random "
+                        "model), an http(s):// URL of an OpenAI-compatible server (vLLM, `toolgym serve model`), or "
+                        "a model path")
     s.add_argument("--episodes", type=int, default=8)
     s.add_argument("--out", default="trajectories.jsonl", help="trajectory JSONL, streamed as episodes finish "
                    "(an existing file is replaced once the first episode is done)")

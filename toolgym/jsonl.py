@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,17 @@ __all__ = ["JSONLStream", "check_writable", "iter_jsonl", "read_jsonl", "write_j
 
 
 def iter_jsonl(
-    path: str | os.PathLike[str], *, error: type[Exception] = ValueError, objects: bool = True
+    path: str | os.PathLike[str], *, error: type[Exception] = ValueError, objects: bool = True,
+    on_cut_tail: Callable[[int, str], None] | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` for every non-blank line of ``path`` (numbers start at 1).
 
     Raises ``error`` with ``path:line`` in its message for a line that is not JSON, or (when ``objects``) not a
     JSON object; ``FileNotFoundError`` when the file is missing.
+
+    ``on_cut_tail``: when given, a last line with no newline that is not valid JSON (a row cut mid-write: the
+    writer died, the disk filled up) is not an error: ``on_cut_tail(line number, message)`` is called instead and
+    the whole rows before it are kept. Without it, such a line raises like any other bad line.
     """
     p = Path(path)
     with p.open(encoding="utf-8") as f:
@@ -39,6 +44,9 @@ def iter_jsonl(
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as e:
+                if on_cut_tail is not None and not line.endswith("\n"):
+                    on_cut_tail(n, f"{p}:{n}: the last line was cut mid-write (no newline, not valid JSON)")
+                    return
                 raise error(f"{p}:{n}: not valid JSON ({e.msg})") from None
             if objects and not isinstance(value, dict):
                 raise error(f"{p}:{n}: expected a JSON object, got {type(value).__name__}")

@@ -8,8 +8,8 @@ malformed call becomes a :class:`~toolgym.tools.base.ToolCall` with ``parse_erro
 name                 format (what the model writes)
 ===================  =====================================================================================
 ``qwen3_coder``      ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
-                     (Qwen3-Coder, Qwen3.5+); alias ``qwen3_xml``. Values are text, converted with the tool's
-                     parameter types (a ``string`` parameter stays text; others are read as JSON when they parse).
+                     (Qwen3-Coder, Qwen3.5+); alias ``qwen3_xml``; in :mod:`toolgym.format.qwen3_xml`. Values are
+                     text, converted with the tool's JSON schema; tags inside values told from real ones by it.
 ``deepseek_v3``      ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>``
 ``deepseek_v31``     V3.1's variant: ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
 ``openai``           GPT-OSS harmony: messages ``[<|start|>assistant]HEADER<|message|>BODY<|end|>|<|call|>|<|return|>``;
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.format.parsers import (
@@ -36,6 +37,7 @@ from toolgym.format.parsers import (
     _split_reasoning,
     register_parser,
 )
+from toolgym.format.qwen3_xml import Qwen3CoderParser, json_value, python_literal  # registered here, before the rest
 from toolgym.tools.base import ToolCall
 
 __all__ = [
@@ -62,16 +64,6 @@ class _Guarded(ToolCallParser):
 
     def _parse(self, text: str) -> ParsedTurn:  # pragma: no cover - overridden
         raise NotImplementedError
-
-    def _typed(self, tool: str, key: str, raw: str) -> Any:
-        """A text-written argument value converted with the tool's parameter type (JSON when it parses)."""
-        typ = self.param_types.get(tool, {}).get(key)
-        if typ == "string":
-            return raw
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            return raw
 
 
 def _json_object(payload: str, raw: str, name: str) -> ToolCall:
@@ -127,11 +119,6 @@ def _arg_text(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list) else str(v)
 
 
-# -- Qwen3-Coder / Qwen3.5 XML ---------------------------------------------------------------------
-_FUNC = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)
-_PARAM = re.compile(r"<parameter=([^>\n]*)>(.*?)(</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
-
-
 class _ToolCallBlocks:
     """Mixin (before :class:`_Guarded`): calls in ``<tool_call>...</tool_call>`` blocks, each read by the family's
     ``_call(inner)``; reasoning split off first."""
@@ -144,48 +131,6 @@ class _ToolCallBlocks:
 
     def _call(self, inner: str) -> ToolCall:  # pragma: no cover - overridden
         raise NotImplementedError
-
-
-@register_parser("qwen3_coder", "qwen3_xml")
-class Qwen3CoderParser(_ToolCallBlocks, _Guarded):
-    """Qwen3-Coder / Qwen3.5 XML calls. Errors: unclosed ``<tool_call>``/``<function=``/``<parameter=``, a block
-    without ``<function=NAME>``, an empty name, a repeated parameter, text after ``</function>``."""
-
-    stop_tokens = ("<|im_end|>", "<|endoftext|>")
-    template_markers = (("<function=", "<parameter="),)
-
-    def _call(self, inner: str) -> ToolCall:
-        raw = f"<tool_call>{inner}</tool_call>"
-        m = _FUNC.search(inner)
-        if m is None:
-            return ToolCall("", raw=raw, parse_error="a <tool_call> block needs <function=NAME>")
-        name = m.group(1).strip()
-        if not name:
-            return ToolCall("", raw=raw, parse_error="empty function name in <function=>")
-        if not m.group(3):
-            return ToolCall(name, raw=raw, parse_error=f"<function={name}> is not closed by </function>")
-        if inner[: m.start()].strip() or inner[m.end() :].strip():
-            return ToolCall(name, raw=raw, parse_error="unexpected text around <function=...> in a <tool_call>")
-        args: dict[str, Any] = {}
-        for p in _PARAM.finditer(m.group(2)):
-            key = p.group(1).strip()
-            if not p.group(3):
-                return ToolCall(name, raw=raw, parse_error=f"<parameter={key}> is not closed by </parameter>")
-            if key in args:
-                return ToolCall(name, raw=raw, parse_error=f"parameter {key!r} given twice")
-            val = p.group(2)
-            val = val[1:] if val.startswith("\n") else val
-            val = val[:-1] if val.endswith("\n") else val
-            args[key] = self._typed(name, key, val)
-        return ToolCall(name, args, raw=raw)
-
-    def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        blocks = []
-        for name, args in calls:
-            params = "".join(f"<parameter={k}>\n{_arg_text(v)}\n</parameter>\n" for k, v in args.items())
-            blocks.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
-        out = "\n".join(blocks)
-        return f"{content}\n\n{out}" if content and out else content or out
 
 
 # -- DeepSeek V3 / V3.1 ----------------------------------------------------------------------------
@@ -307,6 +252,11 @@ class MistralParser(_Guarded):
                 break
         parts = body.split(self._TAG)
         calls: list[ToolCall] = []
+        if len(parts) > 2 and any(p.strip().startswith("[") for p in parts[1:]):
+            # vLLM refuses a second [TOOL_CALLS] when the calls are a JSON list (pre-v11): no call is made
+            msg = f"a JSON list of calls must be the only {self._TAG} of a turn"
+            return ParsedTurn(parts[0].strip(), [ToolCall("", raw=self._TAG + p, parse_error=msg) for p in parts[1:]],
+                              "\n".join(r for r in reasoning if r))
         for part in parts[1:]:
             calls.extend(self._decode(part))
         return ParsedTurn(parts[0].strip(), calls, "\n".join(r for r in reasoning if r))
@@ -343,6 +293,15 @@ class MistralParser(_Guarded):
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
+def _declares_string(spec: Any) -> bool:
+    if not isinstance(spec, Mapping):
+        return False
+    t = spec.get("type")
+    alts = spec.get("anyOf")
+    return (t == "string" or (isinstance(t, list) and "string" in t)
+            or (isinstance(alts, list) and any(isinstance(o, Mapping) and o.get("type") == "string" for o in alts)))
+
+
 @register_parser("glm45", "glm47")
 class Glm45Parser(_ToolCallBlocks, _Guarded):
     """GLM-4.5 / 4.6 / 4.7: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``
@@ -353,6 +312,36 @@ class Glm45Parser(_ToolCallBlocks, _Guarded):
     stop_tokens = ("<|observation|>", "<|user|>", "<|endoftext|>")
     template_markers = (("<arg_key>", "<arg_value>"),)
     turn_closed_by_header = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.string_params: dict[str, set[str]] = {}
+
+    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        """Also note which parameters are strings (``"string"``, a type list or an ``anyOf`` with a string)."""
+        super().set_tools(schemas)
+        self.string_params = {}
+        for s in schemas or ():
+            f = s.get("function", s) if isinstance(s, Mapping) else {}
+            params = f.get("parameters") if isinstance(f, Mapping) else None
+            props = params.get("properties") if isinstance(params, Mapping) else None
+            if isinstance(f.get("name"), str) and isinstance(props, Mapping):
+                self.string_params[f["name"]] = {k for k, v in props.items() if _declares_string(v)}
+
+    def _typed(self, tool: str, key: str, raw: str) -> Any:
+        """A value as vLLM's GLM parsers read it: text for a string parameter, else JSON, else a Python literal,
+        else text. ValueError for a literal with no JSON form (vLLM's turn fails there: no call)."""
+        if key in self.string_params.get(tool, ()):
+            return raw
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):
+            pass
+        try:
+            value = python_literal(raw)
+        except ValueError:
+            return raw
+        return json_value(value)
 
     def close_token(self, parsed: ParsedTurn) -> str | None:
         return "<|observation|>" if parsed.calls else "<|user|>"
@@ -372,7 +361,10 @@ class Glm45Parser(_ToolCallBlocks, _Guarded):
             key = m.group(1).strip()
             if key in args:
                 return ToolCall(name, raw=raw, parse_error=f"argument {key!r} given twice")
-            args[key] = self._typed(name, key, m.group(2))
+            try:
+                args[key] = self._typed(name, key, m.group(2))
+            except ValueError as e:
+                return ToolCall(name, raw=raw, parse_error=f"argument {key!r} of {name!r}: {e}")
             pos = m.end()
         if rest[pos:].strip():
             return ToolCall(name, raw=raw, parse_error="an <arg_key> without its <arg_value> (or stray text)")
@@ -535,6 +527,8 @@ class HarmonyParser(_Guarded):
                     calls.append(ToolCall(name, raw=chunk, parse_error=f"a call to {target!r} has no <|message|>"))
                 elif not name:
                     calls.append(ToolCall("", raw=chunk, parse_error="empty recipient in a harmony call"))
+                elif not body.strip():  # vLLM makes this a call with arguments "" (not JSON): reported instead
+                    calls.append(ToolCall(name, raw=chunk, parse_error=f"a call to {target!r} has no arguments"))
                 else:
                     calls.append(_json_object(body, chunk, name))
             elif not sep:

@@ -343,7 +343,11 @@ class Llama3JsonParser(ToolCallParser):
             except RecursionError:
                 calls.append(ToolCall("", raw=s[pos:], parse_error="tool call JSON is nested too deeply"))
                 break
-            calls.append(_call_from_obj(obj, s[pos:end], "parameters"))
+            if isinstance(obj, dict) and "name" in obj and "parameters" not in obj and "arguments" not in obj:
+                # vLLM reads such an object as text, never as a call
+                calls.append(ToolCall("", raw=s[pos:end], parse_error='a call needs "parameters" (or "arguments")'))
+            else:
+                calls.append(_call_from_obj(obj, s[pos:end], "parameters"))
             pos = end
             rest = s[pos:].lstrip()
             if not rest:
