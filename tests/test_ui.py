@@ -291,7 +291,7 @@ def test_tool_playground_calls_a_real_mcp_server_over_stdio(server: Server, brow
     d.click("#call-run")
     kind = wait_for(d, "const k = document.querySelector('#call-kind')?.textContent || '';"
                        "return k.startsWith('error:') && !k.includes('invalid_arguments') ? k : null")
-    assert "boom" in text(d, "#call-content") and kind != "error: invalid_arguments"
+    assert kind == "error: exception" and text(d, "#call-content").startswith("Error (exception): ")
     shot(d, "tools")
     # a config error is a message, not a traceback
     type_into(d, "#mcp-config", '{"mcpServers": {"bad": {"command": "/nonexistent/mcp-server"}}}')
@@ -469,3 +469,39 @@ def test_evaluate_register_and_promote_from_the_page_with_a_refusal(server: Serv
     rows = wait_for(d, "const r = [...document.querySelectorAll('#rg-versions tr')].slice(1).map(t => t.textContent);"
                        "return r.length ? r : null")
     assert len(rows) == 2 and any(r.startswith("2champion") for r in rows)
+
+
+def test_jobs_live_on_disk_survive_a_restart_and_stop_cleanly(tmp_path: Path) -> None:
+    """The job store read by a new process (a UI restart) sees a running job, then its end; a stop interrupts the
+    command (Ctrl-C) and is recorded; secrets never reach the log shown."""
+    from trainers.ui.jobs import JobStore
+
+    runs = tmp_path / "runs"
+    code = ("import os, sys, time; print({'loss': '0.5', 'reward': 1}); print(os.environ.get('MY_API_KEY')); "
+            "sys.stdout.flush(); time.sleep(float(sys.argv[1])); print('Traceback (most recent call last):');"
+            "print('ValueError: the last error line'); sys.exit(int(sys.argv[2]))")
+    env = {**_env(), "MY_API_KEY": "sk-very-secret-value"}
+    job = JobStore(runs, env).launch("train", [sys.executable, "-c", code, "3", "1"])
+    store = JobStore(runs, env)  # "a restart": a new store over the same directory
+    deadline = time.monotonic() + 30
+    while not store.state(job["id"])["metrics"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    st = store.state(job["id"], log=True)
+    assert st["status"] == "running" and st["metrics"] == [{"loss": 0.5, "reward": 1.0, "step": 1.0}]
+    while store.state(job["id"])["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MY_API_KEY", "sk-very-secret-value")  # the UI's own environment holds the secret
+        st = store.state(job["id"], log=True)
+    assert st["status"] == "failed" and st["rc"] == 1 and "sk-very-secret-value" not in st["log"] and "***" in st["log"]
+    assert st["error"].splitlines()[-1] == "ValueError: the last error line"
+    long = store.launch("train", [sys.executable, "-c", code, "60", "0"])
+    while store.state(long["id"])["status"] != "running" and time.monotonic() < deadline + 30:
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    store.stop(long["id"])
+    while store.state(long["id"])["status"] == "running" and time.monotonic() - t0 < 20:
+        time.sleep(0.1)
+    st = store.state(long["id"], log=True)
+    assert st["status"] == "stopped" and time.monotonic() - t0 < 10 and "KeyboardInterrupt" in st["log"]
+    assert [j["id"] for j in JobStore(runs).list()] == [long["id"], job["id"]]

@@ -250,14 +250,25 @@ def build_parser() -> argparse.ArgumentParser:
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
     s = sub.add_parser("ui", help="the web page: tools, rewards, training jobs, runs, evaluation and registry "
-                       "(`toolgym ui --help`; the [ui] extra)", add_help=False)
-    s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the web UI")
+                       "(docs/ui.md; the [ui] extra)")
+    add_ui_arguments(s)
     s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
                        description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
     s.add_argument("algorithm", choices=["grpo", "rft", "sft", "dpo"])
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
+
+
+def add_ui_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``toolgym ui`` (parsed by ``trainers.ui.server``; declared here once so that ``toolgym --help``
+    and the docs check see them)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
+    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
+    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")
 
 
 def run_train(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 
-from toolgym.cli import CLIError, ExitCode
+from toolgym.cli import CLIError, ExitCode, add_ui_arguments
 from trainers.ui import commands as C
 from trainers.ui.jobs import JobError, JobStore, redact
 from trainers.ui.playground import ToolPlayground, UIError, reward_library, score_file
@@ -350,11 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluation and the model registry (docs/ui.md).",
         epilog="A non-loopback --host needs a token: TOOLGYM_UI_TOKEN or --token-file (16+ characters). "
                "Exit codes: 0 stopped, 2 bad arguments or a refused bind, 3 the [ui] extra is missing.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
-    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
-    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")
+    add_ui_arguments(p)
     return p
 
 
