@@ -203,6 +203,8 @@ def test_a_token_guards_every_request_and_is_never_echoed(tmp_path: Path) -> Non
 
 
 def test_bad_requests_get_clear_refusals(server: Server, tmp_path: Path) -> None:
+    with urllib.request.urlopen(server.url + "/", timeout=30) as r:
+        assert r.headers["X-Content-Type-Options"] == "nosniff" and r.headers["Referrer-Policy"] == "no-referrer"
     # DNS rebinding: a foreign Host name is refused; a foreign origin cannot post; form posts are refused
     assert server.request("/api/info", headers={"Host": "evil.example"})[0] == 403
     assert server.request("/api/tools/load", {"env": "calculator"}, headers={"Origin": "http://evil.example"})[0] == 403
@@ -231,7 +233,10 @@ def test_bad_requests_get_clear_refusals(server: Server, tmp_path: Path) -> None
     # bad input: one clear line each
     bad = [("/api/tools/load", {"env": "NoSuchEnv-v0"}, "unknown env"),
            ("/api/tools/load", {"config": "{not json"}, "not valid JSON"),
-           ("/api/tools/load", {"config": '{"mcpServers": {"x": {"command": "/nonexistent/srv"}}}'}, "x"),
+           ("/api/tools/load", {"config": '{"mcpServers": {"x": {"command": "/nonexistent/srv", "env": '
+                                          '{"API_KEY": "sk-hidden-123456"}}}}'}, "x"),
+           ("/api/tools/load", {"config": '{"mcpServers": {"y": {"url": "http://127.0.0.1:1/mcp", "headers": '
+                                          '{"Authorization": "Bearer sk-hidden-123456"}}}}'}, "y"),
            ("/api/train/command", {"algorithm": "ppo", "config": "grpo_calculator_cpu.yaml", "run_name": "a"},
             "unknown algorithm"),
            ("/api/train/command", {"algorithm": "grpo", "config": "../../etc/passwd", "run_name": "a"},
@@ -247,7 +252,7 @@ def test_bad_requests_get_clear_refusals(server: Server, tmp_path: Path) -> None
         code, out = server.request(path, body_)
         assert code == 400, (path, out)
         msg = json.loads(out)["error"]
-        assert want in msg and "Traceback" not in msg, (path, msg)
+        assert want in msg and "Traceback" not in msg and "sk-hidden" not in msg, (path, msg)
 
 
 def test_the_command_shown_is_the_argument_list_run(server: Server) -> None:

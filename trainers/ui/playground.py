@@ -73,15 +73,16 @@ class ToolPlayground:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise UIError(f"MCP config is not valid JSON: {e}") from None
+        hidden = _config_secrets(data)
         with self._lock:
             try:
                 ts = MCPToolset(data)
             except (ValueError, TypeError) as e:
-                raise UIError(f"bad MCP config: {e}") from None
+                raise UIError(_hide(f"bad MCP config: {e}", hidden)) from None
             try:
                 tools = ts.connect()
             except (ConnectionError, ValueError, OSError) as e:
-                raise UIError(str(e)) from None
+                raise UIError(_hide(str(e), hidden)) from None
             executor = ToolExecutor(tools)
             self._replace(executor, lambda: run_sync(executor.aclose()), "MCP: " + ", ".join(ts.configs))
             return self.schemas()
@@ -120,6 +121,24 @@ class ToolPlayground:
     def close(self) -> None:
         with self._lock:
             self._replace(None, None, "")
+
+
+def _config_secrets(data: Any) -> list[str]:
+    """The values of an MCP config's ``env`` and ``headers`` (API keys, bearer tokens): never shown back."""
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    out: list[str] = []
+    for cfg in (servers.values() if isinstance(servers, dict) else []):
+        for key in ("env", "headers"):
+            table = cfg.get(key) if isinstance(cfg, dict) else None
+            if isinstance(table, dict):
+                out += [str(v) for v in table.values() if isinstance(v, str) and len(v) >= 6]
+    return sorted(out, key=len, reverse=True)
+
+
+def _hide(text: str, secrets: Sequence[str]) -> str:
+    for s in secrets:
+        text = text.replace(s, "***")
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------------------

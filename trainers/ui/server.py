@@ -183,9 +183,13 @@ def build_app(ui: UI) -> Any:
                 return deny(413, f"request too large: {int(length)} bytes, the limit is {ui.max_upload} "
                                  f"(--max-upload-mb)")
         try:
-            return await call_next(request)
+            resp = await call_next(request)
         except Exception as e:  # noqa: BLE001 - a bug is a message, never a traceback on the page
-            return JSONResponse({"error": redact(f"internal error: {type(e).__name__}: {e}")}, status_code=500)
+            resp = JSONResponse({"error": redact(f"internal error: {type(e).__name__}: {e}")}, status_code=500)
+        resp.headers["X-Content-Type-Options"] = "nosniff"
+        resp.headers["Referrer-Policy"] = "no-referrer"  # a token in a URL never leaves in a Referer
+        resp.headers["X-Frame-Options"] = "SAMEORIGIN"
+        return resp
 
     @app.exception_handler(UIError)
     async def ui_error(request: Request, e: UIError) -> Any:
