@@ -104,9 +104,10 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
     """The demo's warm start (``a.warm_steps`` masked-SFT steps, batch 8, lr ``a.warm_lr``, on 32 oracle
     episodes) from ``a.base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter Llama, for pipeline
     checks only; or a model path), saved with the compact template to ``out/warm`` (reused when present)."""
+    from toolgym.eval import oracle_policy
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
     from trainers.compact import save_checkpoint
-    from trainers.sft import collect, masked_sft, oracle_policy
+    from trainers.sft import collect, masked_sft
 
     target = out / "warm"
     if (target / "config.json").is_file():
@@ -119,7 +120,7 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
         model = tiny_random_model(tok)
     else:
         model, tok = load_model(None if a.base == "embedded" else a.base)
-    kept, _ = collect(ENV, oracle_policy(ENV), _tasks("train", a.warm_episodes, a.seed + 1), seeds=a.seed,
+    kept, _ = collect(ENV, oracle_policy(), _tasks("train", a.warm_episodes, a.seed + 1), seeds=a.seed,
                       num_envs=16, max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
     losses = masked_sft(model, kept, steps=a.warm_steps, lr=a.warm_lr, batch_size=8, seed=a.seed)
     print(f"[algorithms] warm start: {a.warm_steps} masked-SFT steps on {len(kept)} oracle episodes, loss "
@@ -147,11 +148,12 @@ def _sampler(model: Any, tok: Any, a: argparse.Namespace, round_: int) -> Any:
 
 
 def run_sft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from trainers.sft import collect, oracle_policy
+    from toolgym.eval import oracle_policy
+    from trainers.sft import collect
 
     tokens = rounds = episodes = 0
     while tokens < budget:
-        kept, alltr = collect(ENV, oracle_policy(ENV), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
+        kept, alltr = collect(ENV, oracle_policy(), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
                               max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
         tokens += sum(sum(t.loss_mask) for t in alltr)
         episodes += len(alltr)
@@ -180,7 +182,8 @@ def run_rft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: Ta
 
 
 def run_dpo(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from trainers.dpo import sample_pairs, train_dpo
+    from trainers.dpo import sample_pairs
+    from trainers.dpo_trainer import train_dpo
 
     tokens = rounds = pairs_total = episodes = 0
     n_tasks = max(1, a.round_tasks // a.dpo_samples)

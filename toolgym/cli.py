@@ -15,7 +15,7 @@ Subcommands::
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
-    toolgym train grpo|rft|sft|dpo --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
+    toolgym train grpo|sft|rft|dpo|reward_model [--config FILE.yaml] [--FIELD VALUE ...]   (the [train] extra)
     toolgym ui [--host 127.0.0.1] [--port 7860] [--runs runs/] [--token-file F]   web page (the [ui] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
@@ -47,6 +47,7 @@ from toolgym.cli_bench import add_parsers as add_bench_parsers
 from toolgym.cli_common import (
     CLIError,
     ExitCode,
+    add_ui_arguments,
     check_output,
     check_reachable,
     check_report_to,
@@ -252,23 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ui", help="the web page: tools, rewards, training jobs, runs, evaluation and registry "
                        "(docs/ui.md; the [ui] extra)")
     add_ui_arguments(s)
-    s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
-                       description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
+    s = sub.add_parser("train", help="train with an algorithm of trainers.ALGORITHMS: grpo, sft, rft, dpo, "
+                       "reward_model (`toolgym train --help`)",
+                       description="toolgym train NAME [--config FILE.yaml] [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
-    s.add_argument("algorithm", choices=["grpo", "rft", "sft", "dpo"])
+    s.add_argument("algorithm", help="grpo, sft, rft, dpo or reward_model")
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
-
-
-def add_ui_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``toolgym ui`` (parsed by ``trainers.ui.server``; declared here once so that ``toolgym --help``
-    and the docs check see them)."""
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
-                   "token)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
-    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
-    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")
 
 
 def run_train(argv: list[str]) -> int:
@@ -325,7 +316,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":  # `python -m toolgym.cli`: run the importable module, so that its CLIError class is
-    from toolgym.cli import main as _main  # the one that trainers/ (registry, tracking) raise
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

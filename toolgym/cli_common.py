@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import enum
 import json
 import os
 import sys
@@ -19,9 +18,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.errors import CLIError, ExitCode
+
 __all__ = [
     "CLIError",
     "ExitCode",
+    "add_ui_arguments",
     "check_output",
     "check_reachable",
     "check_report_to",
@@ -37,26 +39,6 @@ __all__ = [
     "resolve_env_id",
     "trainers_module",
 ]
-
-
-class ExitCode(enum.IntEnum):
-    """Exit codes of the ``toolgym`` command."""
-
-    OK = 0
-    FAILURE = 1
-    USAGE = 2
-    INPUT = 3
-    UNREACHABLE = 4
-    INTERRUPTED = 130
-
-
-class CLIError(Exception):
-    """A failure with a message for the user and the exit code to return."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 def print_error(message: str) -> None:
@@ -284,3 +266,12 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
         model, tok = load_model(path)
     policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True)
     return policy, tok
+def add_ui_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``toolgym ui`` (parsed by ``trainers.ui.server``; declared here once so that ``toolgym --help``
+    and the docs check see them)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
+    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
+    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli import CLIError, ExitCode
+from toolgym.errors import CLIError, ExitCode
 from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
 
 __all__ = [
@@ -581,7 +581,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return ExitCode.OK
 
 
-if __name__ == "__main__":
-    from toolgym.cli import main as _toolgym_main
-
-    sys.exit(_toolgym_main(["registry", *sys.argv[1:]]))
+if __name__ == "__main__":  # `python -m trainers.registry ...` = `toolgym registry ...`
+    try:
+        sys.exit(main())
+    except CLIError as _e:
+        print(f"toolgym: error: {_e.message}", file=sys.stderr)
+        sys.exit(int(_e.code))

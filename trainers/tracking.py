@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli import CLIError, ExitCode
+from toolgym.errors import CLIError, ExitCode
 
 try:  # a real TrainerCallback when transformers is there (always, with the [train] extra)
     from transformers import TrainerCallback as _CallbackBase
@@ -178,7 +178,7 @@ class ToolgymMLflowCallback(_CallbackBase):  # type: ignore[misc,valid-type]
                  trajectory_dir: str | os.PathLike[str] | None = None) -> None:
         from toolgym import __version__
 
-        tg = _as_dict(toolgym_config)
+        tg = {k: v for k, v in _as_dict(toolgym_config).items() if k != "trl"}  # trl: the trainer config
         self.toolgym_config = tg
         env_kwargs = {k: v for k, v in dict(tg.get("env_kwargs") or {}).items() if k != "tokenizer"}
         self.env_id = env_id or tg.get("env_id") or "unknown"

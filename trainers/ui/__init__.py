@@ -17,7 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        from toolgym.cli import CLIError, ExitCode
+        from toolgym.errors import CLIError, ExitCode
 
         raise CLIError(f"`toolgym ui` needs the [ui] extra (missing {e.name!r}): pip install 'toolgym[ui]'",
                        ExitCode.INPUT) from None

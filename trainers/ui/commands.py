@@ -71,26 +71,27 @@ def safe_name(name: str, what: str = "name") -> str:
 
 
 def algorithms() -> list[str]:
-    """The algorithm names ``toolgym train`` accepts: ``trainers.ALGORITHMS`` (the algorithm contract) when
-    present, else ``trainers.cli.ALGORITHMS``."""
+    """The algorithm names ``toolgym train`` accepts: ``trainers.ALGORITHMS`` (nothing imported)."""
     import trainers
 
-    table = getattr(trainers, "ALGORITHMS", None)
-    if table is None:
-        table = importlib.import_module("trainers.cli").ALGORITHMS
-    return [str(k) for k in table]
+    return list(trainers.ALGORITHMS)
 
 
 def configs() -> list[dict[str, str]]:
-    """The training configs of ``trainers/configs/`` (``accelerate_*`` launch files excluded) with their
-    algorithm (the file name's first word when it names one)."""
-    algos = set(algorithms())
+    """The ``toolgym train`` configs of ``trainers/configs/`` with their algorithm: the file name's first word when
+    it names one, else the first algorithm its header comment names (``GRPO``, ``toolgym train sft``). Launch
+    files (``accelerate_*``) and configs of no algorithm (the demo's) are left out."""
+    algos = algorithms()
     out = []
     for p in sorted(CONFIG_DIR.glob("*.yaml")):
-        if p.name.startswith("accelerate_"):
-            continue
         first = p.stem.split("_", 1)[0]
-        out.append({"name": p.name, "algorithm": first if first in algos else ""})
+        algo = first if first in algos else ""
+        if not algo and not p.name.startswith("accelerate_"):
+            head = " ".join(ln for ln in p.read_text(encoding="utf-8").splitlines()[:8] if ln.startswith("#"))
+            words = re.findall(r"[a-z_]+", head.lower())
+            algo = next((w for w in words if w in algos), "")
+        if algo:
+            out.append({"name": p.name, "algorithm": algo})
     return out
 
 
@@ -149,34 +150,42 @@ def _helps(cls: Any, prefix: str = "", depth: int = 0) -> dict[str, str]:
     return out
 
 
-#: before the algorithm contract: the dataclasses whose fields an algorithm's config holds (module, class, prefix)
-_LEGACY_CONFIGS: dict[str, list[tuple[str, str, str]]] = {
-    "grpo": [("trl", "GRPOConfig", ""), ("trainers.grpo", "ToolgymGRPOArgs", "toolgym.")],
-    "sft": [("trl", "SFTConfig", ""), ("trainers.cli", "ToolgymSFTArgs", "toolgym.")],
-    "rft": [("trainers.rft", "RFTConfig", "")],
-    "dpo": [("trainers.dpo", "DPORunConfig", "")],
-}
+def _contract_config(algorithm: str) -> Any:
+    """``trainers.ALGORITHMS[algorithm].Config`` (cheap: no torch/TRL import), or ``None`` for an unknown name."""
+    import trainers
+
+    return trainers.config_class(algorithm) if algorithm in trainers.ALGORITHMS else None
 
 
 @cache
 def field_helps(algorithm: str) -> dict[str, str]:
-    """Help text of every config field of ``algorithm`` (from ``trainers.ALGORITHMS[name].Config`` when the
-    contract is there, else the dataclasses the algorithm reads)."""
-    import trainers
-
+    """Help text of every config field of ``algorithm``, under the key a config file and the command line use:
+    with the contract, a ``Config`` with a ``trl`` field (``metadata["trl_config"]``) has TRL's fields at the top
+    and its own under ``toolgym.``; any other ``Config``'s fields are top-level."""
     out: dict[str, str] = {}
-    table = getattr(trainers, "ALGORITHMS", None)
     try:
-        if isinstance(table, Mapping) and algorithm in table:
-            mod = table[algorithm]
-            mod = importlib.import_module(mod) if isinstance(mod, str) else mod
-            out.update(_helps(mod.Config))
-        else:
-            for module, cls, prefix in _LEGACY_CONFIGS.get(algorithm, []):
-                out.update(_helps(getattr(importlib.import_module(module), cls), prefix))
+        cfg = _contract_config(algorithm)
+        if cfg is not None:
+            fields = dataclasses.fields(cfg)
+            trl_field = next((f for f in fields if "trl_config" in f.metadata), None)
+            if trl_field is not None:  # TRL's own help texts (this imports trl once, cached)
+                out.update(_helps(getattr(importlib.import_module("trl"), trl_field.metadata["trl_config"])))
+            prefix = "toolgym." if trl_field is not None else ""
+            out.update({f"{prefix}{k}": v for k, v in _helps(cfg).items() if k != getattr(trl_field, "name", None)})
     except Exception:  # noqa: BLE001 - no help texts is not worth refusing the form
         pass
     return out
+
+
+def _output_keys(algorithm: str) -> tuple[str, str | None]:
+    """The config keys of an algorithm's output directory and trajectory directory (``None``: it has none)."""
+    cfg = _contract_config(algorithm)
+    if cfg is None:
+        raise UIError(f"unknown algorithm {algorithm!r}")
+    names = {f.name for f in dataclasses.fields(cfg)}
+    has_trl = any("trl_config" in f.metadata for f in dataclasses.fields(cfg))
+    traj = ("toolgym.trajectory_dir" if has_trl else "trajectory_dir") if "trajectory_dir" in names else None
+    return "output_dir", traj
 
 
 def config_fields(name: str) -> dict[str, Any]:
@@ -213,20 +222,21 @@ def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, 
     path = _config_path(config)
     run_name = safe_name(run_name, "run name")
     argv = toolgym_argv("train", algorithm, "--config", str(path))
+    out_key, traj_key = _output_keys(algorithm)
     for key, value in overrides.items():
         key = str(key).strip()
         if not _KEY.fullmatch(key):
             raise UIError(f"bad field name {key!r}")
-        if key in ("output_dir", "toolgym.trajectory_dir", "config"):
+        if key in (out_key, traj_key, "config", "output_dir", "toolgym.trajectory_dir"):
             continue  # the UI places outputs inside the runs directory
         text = "" if value is None else str(value)
         if text.startswith("--") or "\0" in text:
             raise UIError(f"--{key}: a value may not start with '--'")
         argv += [f"--{key}", text]
     out = inside(runs, run_name, must_exist=False, what="output directory")
-    argv += ["--output_dir", str(out)]
-    if algorithm == "grpo":
-        argv += ["--toolgym.trajectory_dir", str(out / "trajectories")]
+    argv += [f"--{out_key}", str(out)]
+    if traj_key is not None:
+        argv += [f"--{traj_key}", str(out / "trajectories")]
     return argv
 
 

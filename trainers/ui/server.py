@@ -30,7 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 
-from toolgym.cli import CLIError, ExitCode, add_ui_arguments
+from toolgym.cli_common import add_ui_arguments
+from toolgym.errors import CLIError, ExitCode
 from trainers.ui import commands as C
 from trainers.ui.jobs import JobError, JobStore, redact
 from trainers.ui.playground import ToolPlayground, UIError, reward_library, score_file
