@@ -228,6 +228,8 @@ def test_bad_requests_get_clear_refusals(server: Server, tmp_path: Path) -> None
     for p in (str(outside), "../t.jsonl", "../../../../etc/passwd"):
         code, body = server.request("/api/rewards/score", {"file": p, "parts": [{"name": "exact_match", "weight": 1}]})
         assert code == 400 and "outside the runs directory" in json.loads(body)["error"], p
+    code, body = server.request("/api/train/fields?algorithm=ppo")
+    assert code == 400 and "unknown algorithm" in body
     code, body = server.request("/view?file=../../etc/passwd")
     assert code == 400 and "outside" in body
     # bad input: one clear line each
@@ -246,6 +248,8 @@ def test_bad_requests_get_clear_refusals(server: Server, tmp_path: Path) -> None
            ("/api/train/command", {"algorithm": "grpo", "config": "grpo_calculator_cpu.yaml", "run_name": "a",
                                    "overrides": {"max_steps; rm -rf /": "1"}}, "bad field name"),
            ("/api/registry/promote", {"name": "m", "version": "x"}, "bad version"),
+           ("/api/train/launch", {"algorithm": "grpo", "config": "grpo_calculator_cpu.yaml", "run_name": "a",
+                                  "overrides": {"max_steps": "--output_dir=/etc"}}, "may not start with '--'"),
            ("/api/registry/promote", {"name": "m", "version": "1", "force": True}, "needs a reason"),
            ("/api/rewards/score", {"file": "ui/uploads/x.jsonl", "parts": [{"name": "bogus"}]}, "unknown reward")]
     for path, body_, want in bad:
@@ -344,6 +348,14 @@ def test_train_grpo_from_the_page_to_its_curve_then_runs_and_jobs_survive(server
     tab(d, "train")
     set_value(d, "#train-config", "grpo_calculator_cpu.yaml")
     wait_for(d, "return document.querySelector('.tf[data-key=max_steps]')")
+    # every field of the algorithm with its help text (the Config's and TRL's), one click adds it to the form
+    d.click("#train-all summary")
+    wait_for(d, "return document.querySelector(\".add-field[data-key='toolgym.schedule']\")", timeout=90)
+    helps = d.js("return Object.fromEntries([...document.querySelectorAll('#train-all-fields tr')].map(tr =>"
+                 "[tr.querySelector('.add-field').dataset.key, tr.children[1].textContent]))")
+    assert "lockstep" in helps["toolgym.schedule"] and "KL" in helps["beta"] and len(helps) > 100
+    d.click(".add-field[data-key='toolgym.schedule']")
+    assert d.js("return document.querySelector('#train-extra').value") == "toolgym.schedule="
     type_into(d, "#train-name", "grpo-ui")
     for key, value in {"max_steps": "2", "toolgym.num_train_tasks": "2", "toolgym.max_turn_tokens": "8",
                        "toolgym.threads": "1", "per_device_train_batch_size": "4", "num_generations": "4",

@@ -266,6 +266,12 @@ def build_app(ui: UI) -> Any:
     def train_config(name: str) -> Any:
         return C.config_fields(name)
 
+    @app.get("/api/train/fields")
+    def train_fields(algorithm: str) -> Any:
+        if algorithm not in C.algorithms():
+            raise UIError(f"unknown algorithm {algorithm!r}; one of {', '.join(C.algorithms())}")
+        return {"fields": [{"key": k, "help": h} for k, h in sorted(C.field_helps(algorithm).items())]}
+
     def _train(d: dict[str, Any]) -> list[str]:
         overrides = d.get("overrides") or {}
         if not isinstance(overrides, dict):
