@@ -513,7 +513,7 @@ def test_jobs_live_on_disk_survive_a_restart_and_stop_cleanly(tmp_path: Path) ->
     assert st["status"] == "failed" and st["rc"] == 1 and "sk-very-secret-value" not in st["log"] and "***" in st["log"]
     assert st["error"].splitlines()[-1] == "ValueError: the last error line"
     long = store.launch("train", [sys.executable, "-c", code, "60", "0"])
-    while store.state(long["id"])["status"] != "running" and time.monotonic() < deadline + 30:
+    while not store.state(long["id"])["metrics"] and time.monotonic() < deadline + 30:  # it is in its sleep
         time.sleep(0.1)
     t0 = time.monotonic()
     store.stop(long["id"])

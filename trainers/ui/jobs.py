@@ -144,7 +144,7 @@ class JobStore:
                          start_new_session=True, close_fds=True)
         return self.state(job_id)
 
-    def state(self, job_id: str, *, log: bool = False) -> dict[str, Any]:
+    def state(self, job_id: str, *, log: bool = False, metrics: bool = True) -> dict[str, Any]:
         """A job as the page shows it: ``status`` (``starting``/``running``/``finished``/``failed``/``stopped``/
         ``lost``: the runner died without an exit file), ``rc``, the metrics parsed from its log and, with
         ``log``, the log's last lines (secrets redacted)."""
@@ -159,9 +159,11 @@ class JobStore:
             status = "starting" if time.time() - job["created"] < 60 else "lost"
         else:
             status = "running" if _alive(int(runner["runner_pid"])) else "lost"
-        text = _read_tail(d / "log.txt", _METRICS_MAX_BYTES)
+        text = _read_tail(d / "log.txt", _METRICS_MAX_BYTES) if (log or metrics) else ""
         out = {**job, "status": status, "rc": None if ended is None else ended.get("rc"),
-               "ended": None if ended is None else ended.get("ended"), "metrics": parse_metrics(text)}
+               "ended": None if ended is None else ended.get("ended")}
+        if metrics:
+            out["metrics"] = parse_metrics(text)
         out["argv"] = [redact(a) for a in job["argv"]]
         if log:
             tail = text[-_LOG_TAIL_BYTES:]
@@ -175,12 +177,7 @@ class JobStore:
         if not self.root.is_dir():
             return []
         ids = sorted((p.name for p in self.root.iterdir() if (p / "job.json").is_file()), reverse=True)
-        out = []
-        for i in ids:
-            st = self.state(i)
-            st.pop("metrics", None)
-            out.append(st)
-        return out
+        return [self.state(i, metrics=False) for i in ids]
 
     def stop(self, job_id: str) -> dict[str, Any]:
         """Ask a running job to stop (SIGTERM to its runner: Ctrl-C for the command, SIGKILL after the grace)."""
