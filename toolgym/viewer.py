@@ -6,8 +6,8 @@ JSON document and renders everything in the browser, lazily, so that thousands o
 * **episodes**: a compact table (task, reward, outcome, turns, tool calls, tokens, tool latency, errors, how it
   ended), sortable by any column (click a header), paged; a click on a row expands that episode only: the
   conversation turn by turn (model text, each tool call with arguments, result, error kind, latency, attempts,
-  per-turn reward), the **loss mask** as decoded runs (model tokens, mask 1, and env tokens, mask 0, in
-  different colours), a **per-token** view (each token with its id, mask and sampling logprob on hover), the
+  per-turn reward and, in GRPO trajectories, the advantage the turn's tokens trained with), the **loss mask** as
+  decoded runs (model tokens, mask 1, and env tokens, mask 0, in different colours), a **per-token** view (each token with its id, mask and sampling logprob on hover), the
   **drift** as an aligned token diff marking the first difference, the prompt and the task row;
 * **tasks**: one row per task (a GRPO group, or the k samples of an eval): episodes, mean reward and its spread,
   successes, pass@1 and pass@k; a click lists that task's episodes;
@@ -251,6 +251,10 @@ def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) 
         "ans": _answer(row), "exp": _expected(task), "comps": row.get("reward_components") or {},
         "turns": [_turn_record(t) for t in turns], "ids": ids, "mask": _rle(mask),
     }
+    advs = row.get("turn_advantages")  # written by the GRPO adapter: the advantage each turn's tokens trained with
+    if isinstance(advs, list) and len(advs) == len(turns):
+        for rec, a in zip(ep["turns"], advs, strict=True):
+            rec["adv"] = _num(a)
     if len(ids) != len(mask):
         ep["badmask"] = [len(mask), len(ids)]
     lps = row.get("logprobs")

@@ -35,7 +35,15 @@ if __package__ in (None, ""):  # `python trainers/cli.py` / `accelerate launch t
 
 from toolgym.errors import CLIError, ConfigError, ExitCode  # noqa: E402
 from trainers import ALGORITHMS  # noqa: E402
-from trainers.runconfig import as_mapping, describe, import_train, parse_overrides, resolve, trl_field  # noqa: E402
+from trainers.runconfig import (  # noqa: E402
+    SECTION,
+    as_mapping,
+    describe,
+    import_train,
+    parse_overrides,
+    resolve,
+    trl_field,
+)
 
 __all__ = ["load", "main", "usage"]
 
@@ -92,6 +100,13 @@ def load(name: str, config: str | os.PathLike[str] | Mapping[str, Any] | None = 
             raise
         raise ConfigError(f"`toolgym train {name}` needs {e.name} (not in this install)", code=3) from None
     over = overrides if isinstance(overrides, Mapping) else parse_overrides(list(overrides))
+    tf = trl_field(module.Config)
+    if tf is not None:  # a bare --field naming a toolgym-section field (not a TRL one): --advantage turn_return
+        import dataclasses
+
+        own = {f.name for f in dataclasses.fields(module.Config)} - {tf[0]}
+        theirs = {f.name for f in dataclasses.fields(getattr(import_train("trl"), tf[1]))}
+        over = {(f"{SECTION}.{k}" if k in own and k not in theirs else k): v for k, v in over.items()}
     return resolve(module.Config, config, over, check_trl=check_trl)
 
 

@@ -44,17 +44,29 @@ class Config:
     schedule: str = opt("lockstep", "lockstep (required with several processes) or continuous")
     threads: int = opt(0, "torch CPU threads per process (0: torch's default)")
     save_model: bool = opt(True, "save the trained model and tokenizer to trl.output_dir")
+    advantage: str = opt("outcome", "credit assignment: outcome (one advantage per episode: TRL's GRPO, the "
+                                    "default) | turn_return (each turn's tokens get its discounted reward-to-go "
+                                    "minus a per-turn-index group baseline) | gigpo (episode advantage + a step "
+                                    "advantage among turns from the same env state); trainers/turn_grpo.py")
+    gamma: float = opt(1.0, "per-turn discount of the turn_return / gigpo returns, in (0, 1]")
     trl: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
                 "...); a trl.GRPOConfig object is accepted too", "trl_config": "GRPOConfig"})
 
+    def __post_init__(self) -> None:
+        from trainers.credit import check_estimator
+
+        check_estimator(self.advantage)
+        if not 0.0 < float(self.gamma) <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+
 
 def trainer_class(config: Config) -> type:
-    """The trainer class :func:`build_trainer` builds: ``trl.GRPOTrainer`` (the seam for a variant chosen by a
-    ``Config`` field, e.g. a subclass computing turn-level advantages)."""
-    from trl import GRPOTrainer
+    """The trainer class :func:`build_trainer` builds: :class:`trainers.turn_grpo.TurnCreditGRPOTrainer`, TRL's
+    ``GRPOTrainer`` with the advantage estimator ``config.advantage`` (``outcome``: TRL's own numbers, untouched)."""
+    from trainers.turn_grpo import TurnCreditGRPOTrainer
 
-    return GRPOTrainer
+    return TurnCreditGRPOTrainer
 
 
 def build_trainer(
@@ -95,6 +107,7 @@ def build_trainer(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
         train_dataset=make_dataset(tasks), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
+        advantage=config.advantage, gamma=config.gamma,
     )
     add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
     return trainer, rollout

@@ -36,6 +36,7 @@ import numpy as np
 from toolgym.rollout import Generation, GenerationRequest, RolloutDriver
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
+from trainers.credit import anchor_key
 
 __all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "guard_empty_completions", "make_dataset", "prompt_key"]
 
@@ -223,7 +224,9 @@ class ToolgymRollout:
     Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
     (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),
     ``env_reward`` (the episode reward), ``env_outcome``, ``env_tool_calls``, ``env_turns``, ``env_truncated``,
-    ``env_errors`` (list of error kinds), ``task_id``.
+    ``env_errors`` (list of error kinds), ``task_id``; for turn-level credit (:mod:`trainers.turn_grpo`):
+    ``env_turn_rewards`` (per-turn process rewards), ``env_turn_spans`` (each turn's ``[action_start, action_end)``
+    in the completion) and ``env_anchors`` (per turn, :func:`trainers.credit.anchor_key` of the tokens before it).
 
     Attributes:
         last_trajectories: the trajectories of the last call; ``policy``: the :class:`TRLPolicy` in use.
@@ -252,6 +255,10 @@ class ToolgymRollout:
         self.venv: Any = None
         self.policy: TRLPolicy | None = None
         self.last_trajectories: list[Trajectory] = []
+        #: set by :class:`trainers.turn_grpo.TurnCreditGRPOTrainer`: trajectories wait for :meth:`write_pending`
+        #: (which adds each turn's advantage) instead of being written at once
+        self.defer_write = False
+        self.pending: tuple[Path, list[Trajectory]] | None = None
         self.__name__ = "toolgym_rollout"
 
     def close(self) -> None:
@@ -323,7 +330,10 @@ class ToolgymRollout:
 
             for t in trajs:
                 t.task = {**t.task, "_step": step}
-            write_trajectories(self.trajectory_dir / f"rank{rank}.jsonl", trajs, append=True)
+            if self.defer_write:
+                self.pending = (self.trajectory_dir / f"rank{rank}.jsonl", trajs)
+            else:
+                write_trajectories(self.trajectory_dir / f"rank{rank}.jsonl", trajs, append=True)
         logprobs = [t.logprobs for t in trajs]
         rows = {
             "prompt_ids": [list(t.prompt_ids) for t in trajs],
@@ -337,6 +347,10 @@ class ToolgymRollout:
             "env_truncated": [bool(t.truncated) for t in trajs],
             "env_errors": [list(t.error_kinds) for t in trajs],
             "task_id": [str(t.task.get("id", "")) for t in trajs],
+            "env_turn_rewards": [[float(x) for x in t.turn_rewards] for t in trajs],
+            "env_turn_spans": [[[u.action_start, u.action_end] for u in t.turns] for t in trajs],
+            "env_anchors": [[anchor_key(list(t.prompt_ids) + list(t.completion_ids[: u.action_start]))
+                             for u in t.turns] for t in trajs],
         }
         rows["env_empty"] = guard_empty_completions(rows, _end_id(trainer), ctx)
         return rows
@@ -364,6 +378,23 @@ def guard_empty_completions(rows: dict[str, Any], end_id: int, context: int | No
         if context is not None and len(rows["prompt_ids"][i]) >= context:
             rows["prompt_ids"][i] = rows["prompt_ids"][i][len(rows["prompt_ids"][i]) - (context - 1):]
     return empty
+
+    def write_pending(self, turn_advantages: Sequence[Sequence[float]] | None = None) -> None:
+        """Write the trajectories held back by ``defer_write``, each row with ``turn_advantages`` (one float per
+        turn, what the trainer gave that turn's policy tokens) when given; no-op when nothing is pending."""
+        if self.pending is None:
+            return
+        from toolgym.rollout import write_trajectories
+
+        path, trajs = self.pending
+        self.pending = None
+        rows = []
+        for i, t in enumerate(trajs):
+            row = t.to_dict()
+            if turn_advantages is not None:
+                row["turn_advantages"] = [float(a) for a in turn_advantages[i]]
+            rows.append(row)
+        write_trajectories(path, rows, append=True)
 
 
 def env_reward(

@@ -21,6 +21,10 @@ ENVS: dict[str, tuple[str, str]] = {
         "toolgym.envs.calculator:CalculatorEnv",
         "multi-step arithmetic with large numbers and a safe calculator tool; reward = exact numeric answer",
     ),
+    "toolgym/CalculatorChain-v0": (
+        "toolgym.envs.calculator_chain:CalculatorChainEnv",
+        "multi-step: 2-4 dependent calculator calls; process reward = each intermediate value verified, + exact answer",
+    ),
     "toolgym/Search-v0": (
         "toolgym.envs.search:SearchEnv",
         "Search-R1 style QA over an embedded GeoNames corpus (BM25) or a remote retriever; reward = EM",
