@@ -386,8 +386,9 @@ def test_train_grpo_from_the_page_to_its_curve_then_runs_and_jobs_survive(server
     d.js("[...document.querySelectorAll('#runs-table tbody tr')].find(r => r.textContent.includes('grpo-ui'))"
          ".querySelector('.run-pick').click()")
     wait_for(d, "return document.querySelector('#runs-curves polyline.curve')", what="the run's curve")
-    # trajectories in the viewer (a rollout file of the runs directory; GRPO's own trajectory file is not used here:
-    # since the turn-level GRPO merge, `toolgym train grpo --toolgym.trajectory_dir D` writes no file, see notes)
+    # GRPO's trajectories landed in the runs directory (2 steps x 4 samples); a rollout file opens in the viewer
+    rows = (server.runs / "grpo-ui" / "trajectories" / "rank0.jsonl").read_text().splitlines()
+    assert len(rows) == 8
     from tests.rollout_files import make_rollout_file
 
     make_rollout_file(server.runs / "grpo-ui" / "rollout.jsonl")
