@@ -64,6 +64,7 @@ from toolgym.cli_common import (
 from toolgym.cli_eval import add_parser as add_eval_parser
 from toolgym.cli_eval import add_run_args, require_oracle
 from toolgym.cli_view import add_parsers as add_view_parsers
+from toolgym.errors import OutputFileError
 
 __all__ = [
     "BENCHMARKS",
@@ -163,7 +164,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
     check_report_to(args)
-    from toolgym.eval import make_eval_vector_env
+    from toolgym.envs.registration import make_vector_env
     from toolgym.jsonl import JSONLStream
 
     check_output(out)  # the file itself is replaced only once the first episode has finished
@@ -175,7 +176,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
-        venv = make_eval_vector_env(env_id, num_envs, env_kwargs)
+        venv = make_vector_env(env_id, num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
@@ -309,6 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse (2) and --help/--version (0)
         code = e.code
         return code if isinstance(code, int) else (ExitCode.OK if code is None else ExitCode.USAGE)
+    except OutputFileError as e:  # a full disk, a device behind --out: unwritable output (3), rows kept whole
+        if debug:
+            raise
+        print_error(e.strerror or str(e))
+        return ExitCode.INPUT
     except Exception as e:  # noqa: BLE001 - the command line reports, it does not crash
         if debug:
             raise

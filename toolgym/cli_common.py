@@ -135,10 +135,13 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
 def check_output(path: str | Path) -> None:
     """Raise :class:`CLIError` (exit 3) unless an output file can be written at ``path`` (checked before any model
     loads; the file itself is left untouched)."""
+    from toolgym.errors import OutputFileError
     from toolgym.jsonl import check_writable
 
     try:
         check_writable(path)
+    except OutputFileError as e:  # its message names the file and why (e.g. a device, not a regular file)
+        raise CLIError(e.strerror or str(e), ExitCode.INPUT) from None
     except OSError as e:
         raise CLIError(f"cannot write {path}: {e.strerror or e}", ExitCode.INPUT) from None
 

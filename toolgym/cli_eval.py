@@ -86,11 +86,11 @@ def require_oracle(policy: str, env_id: str, venv: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from toolgym.envs.registration import make_vector_env
     from toolgym.eval import (
         TaskFileError,
         TaskSelectionError,
         evaluate,
-        make_eval_vector_env,
     )
 
     env_id = resolve_env_id(args.env)
@@ -118,7 +118,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if tok is not None:
         env_kwargs.setdefault("tokenizer", tok)
     try:
-        venv = make_eval_vector_env(env_id, args.num_envs, env_kwargs)
+        venv = make_vector_env(env_id, args.num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:

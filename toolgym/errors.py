@@ -5,6 +5,7 @@
 * :class:`ConfigError`: a bad run config (unknown or misspelt key, a value of the wrong type, an unreadable
   file): a :class:`CLIError`, exit code 2 by default (3 for a file that cannot be read or a missing extra).
 * :class:`InputFileError`: a malformed input file.
+* :class:`OutputFileError`: an output file that cannot be written (a full disk, a device): exit code 3.
 
 Only the entry point (:mod:`toolgym.cli`) turns these into messages and exit codes; every other module raises them.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CLIError", "ConfigError", "ExitCode", "InputFileError"]
+__all__ = ["CLIError", "ConfigError", "ExitCode", "InputFileError", "OutputFileError"]
 
 
 class ExitCode(enum.IntEnum):
@@ -51,3 +52,9 @@ class InputFileError(ValueError):
     The message names the file (and line when there is one). A missing file is ``FileNotFoundError``. The
     ``toolgym`` command exits with code 3 for both.
     """
+
+
+class OutputFileError(OSError):
+    """An output file (``--out``, a trajectory file) cannot be written: a full disk, no permission, or a path that
+    is not a regular file (a device, a FIFO, a directory). The message names the file; rows already written are
+    whole. The ``toolgym`` command exits with code 3."""

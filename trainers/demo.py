@@ -114,12 +114,11 @@ def _decode_completion(tok: Any, traj: Any) -> str:
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the metrics dict (also written to ``output_dir/metrics.json``)."""
     t_start = time.perf_counter()
-    import gymnasium as gym
     import torch
-    from gymnasium.vector import AutoresetMode
     from transformers import TrainerCallback
 
     import toolgym  # noqa: F401
+    from toolgym.envs.registration import make_vector_env
     from toolgym.eval import oracle_policy
     from toolgym.models import load_model
     from toolgym.rollout import RolloutDriver, TransformersPolicy
@@ -142,8 +141,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     pk = prompt_kwargs(cfg.compact_prompt)
     eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs={"tokenizer": tok})
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
-    venv = gym.make_vec(ENV_ID, num_envs=len(eval_tasks), autoreset_mode=AutoresetMode.DISABLED,
-                        split="test", tokenizer=tok, **pk)
+    venv = make_vector_env(ENV_ID, len(eval_tasks), {"split": "test", "tokenizer": tok, **pk})
     prompt_len = len(venv.reset(seed=eval_seeds, options={"tasks": eval_tasks})[0][0])
     print(f"[demo] held-out set: {len(eval_tasks)} distinct Calculator-v0 test tasks, seeds {eval_seeds[0]}.."
           f"{eval_seeds[-1]}, greedy; prompt {'compact' if pk else 'default'} ({prompt_len} tokens)", flush=True)

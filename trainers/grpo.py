@@ -39,6 +39,8 @@ class Config:
     num_train_tasks: int = opt(256, "distinct tasks drawn from the env for the dataset (toolgym.tasks.draw_tasks; "
                                     "all of a dataset-backed split when it has fewer)")
     task_seed: int = opt(0, "seed drawing the training tasks")
+    dataset_repeat: int = opt(1, "times the task list is repeated in the training dataset TRL samples prompts from "
+                                 "(a longer run before an epoch ends; changes TRL's shuffled prompt order)")
     max_turn_tokens: int = opt(128, "tokens sampled per assistant turn")
     trajectory_dir: str | None = opt(None, "directory the adapter appends trajectory JSONL to (null: not saved)")
     schedule: str = opt("lockstep", "lockstep (required with several processes) or continuous")
@@ -105,7 +107,7 @@ def build_trainer(
     )
     trainer = trainer_class(config)(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
-        train_dataset=make_dataset(tasks), rollout_func=rollout,
+        train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
         advantage=config.advantage, gamma=config.gamma,
     )

@@ -279,10 +279,7 @@ class ToolgymRollout:
 
     def _env(self, trainer: Any, n: int) -> Any:
         if self.venv is None or self.venv.num_envs != n:
-            import gymnasium as gym
-            from gymnasium.vector import AutoresetMode
-
-            import toolgym  # noqa: F401
+            from toolgym.envs.registration import make_vector_env
 
             if self.venv is not None:
                 self.venv.close()
@@ -291,7 +288,7 @@ class ToolgymRollout:
             if callable(self.env_id):
                 self.venv = self.env_id(num_envs=n, **kwargs)
             else:
-                self.venv = gym.make_vec(self.env_id, num_envs=n, autoreset_mode=AutoresetMode.DISABLED, **kwargs)
+                self.venv = make_vector_env(self.env_id, n, kwargs)
         return self.venv
 
     def _context_limit(self, trainer: Any) -> int | None:

@@ -124,21 +124,34 @@ def configure_mlflow(experiment: str | None = None) -> str:
     mlflow = _require_mlflow()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # stdout stays for --json
+    from trainers.store import StoreReadOnlyError, check_store_writable, local_store_path, store_lock
+
     uri = tracking_uri()
     check_server(uri)
-    if uri.startswith("sqlite:///"):
-        runs_dir().mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
+    try:
+        check_store_writable(uri)
+        read_only: StoreReadOnlyError | None = None
+    except StoreReadOnlyError as e:  # reading works (list, models:/ URIs); anything that must write says so
+        read_only = e
+        if not (local_store_path(uri) or Path("/")).exists():
+            raise
     name = experiment or experiment_name()
-    client = mlflow.MlflowClient(uri)
-    if client.get_experiment_by_name(name) is None:
-        location = (runs_dir() / "mlartifacts").as_uri() if uri.startswith("sqlite:///") else None
-        try:
-            client.create_experiment(name, artifact_location=location)
-        except mlflow.exceptions.MlflowException:
-            if client.get_experiment_by_name(name) is None:  # not a create race: a real failure
-                raise
-    mlflow.set_experiment(name)
+    # one process at a time sets up a fresh store (schema migrations) and creates the experiment
+    with store_lock(uri):
+        if uri.startswith("sqlite:///") and read_only is None:
+            runs_dir().mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(uri)
+        client = mlflow.MlflowClient(uri)
+        if client.get_experiment_by_name(name) is None:
+            if read_only is not None:
+                raise read_only
+            location = (runs_dir() / "mlartifacts").as_uri() if uri.startswith("sqlite:///") else None
+            try:
+                client.create_experiment(name, artifact_location=location)
+            except mlflow.exceptions.MlflowException:
+                if client.get_experiment_by_name(name) is None:  # not a create race: a real failure
+                    raise
+        mlflow.set_experiment(name)
     return uri
 
 

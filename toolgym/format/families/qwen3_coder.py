@@ -33,7 +33,8 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from toolgym.format.parsers import ParsedTurn, ToolCallParser, _split_reasoning, register_parser
+from toolgym.format.families.common import split_reasoning
+from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
 __all__ = [
@@ -291,18 +292,12 @@ class Qwen3CoderParser(ToolCallParser):
             if isinstance(f.get("name"), str) and isinstance(props, Mapping):
                 self.param_schemas[f["name"]] = dict(props)
 
-    def parse(self, text: str) -> ParsedTurn:
-        try:
-            return self._parse(text)
-        except Exception as e:  # noqa: BLE001 - defence in depth: parse never raises
-            return ParsedTurn(text.strip(), [ToolCall("", raw=text[:2000], parse_error=f"unparsable turn: {e}")])
-
     def _names(self, tool: str) -> frozenset[str] | None:
         props = self.param_schemas.get(tool)
         return frozenset(props) if props else None
 
     def _parse(self, text: str) -> ParsedTurn:
-        body, reasoning = _split_reasoning(text)
+        body, reasoning = split_reasoning(text)
         o, c = self._OPEN, self._CLOSE
         scan = TagScanner(body)
         opens = [m.start() for m in re.finditer(re.escape(o), body)]
