@@ -46,6 +46,7 @@ from toolgym.cli_bench import add_parsers as add_bench_parsers
 from toolgym.cli_common import (
     CLIError,
     ExitCode,
+    apply_run_settings,
     check_output,
     check_reachable,
     check_report_to,
@@ -156,6 +157,7 @@ def format_summary(summary: dict[str, Any], stats: dict[str, Any] | None = None)
 def cmd_rollout(args: argparse.Namespace) -> int:
     env_id = resolve_env_id(args.env)
     env_kwargs = parse_env_kwargs(args.env_kwarg or [])
+    apply_run_settings(args, env_kwargs)  # a checkpoint's own prompt and turn budget, unless given here
     if args.episodes < 1:
         raise CLIError("--episodes must be >= 1", ExitCode.USAGE)
     if args.max_new_tokens < 1:

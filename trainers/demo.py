@@ -118,7 +118,11 @@ def _decode_completion(tok: Any, traj: Any) -> str:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the metrics dict (also written to ``output_dir/metrics.json``)."""
+    from toolgym.resources import Phases
+
     t_start = time.perf_counter()
+    phases = Phases()
+    phases.mark("load")
     import gymnasium as gym
     import torch
     from gymnasium.vector import AutoresetMode
@@ -167,13 +171,17 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         print(f"[demo] held-out {tag:<16}: {_fmt(s)}", flush=True)
         return s, wins, trajs
 
+    run_settings = {"env_id": ENV_ID, "env_kwargs": pk, "max_turn_tokens": cfg.max_turn_tokens,
+                    "eval": {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed}}  # toolgym_run.json
     metrics: dict[str, Any] = {
         "env_id": ENV_ID, "eval_split": "test", "eval_task_ids": [t["id"] for t in eval_tasks],
         "eval_seeds": eval_seeds, "prompt": {"compact": bool(pk), "system_prompt": pk.get("system_prompt"),
                                              "prompt_tokens": prompt_len},
         "config": asdict(cfg),
     }
+    phases.mark("eval_before")
     metrics["eval_before"], wins_before, _ = evaluate("before")
+    phases.mark("warmstart")
 
     # -- warm start: a few masked-SFT steps on oracle episodes ----------------------------------------------------
     t0 = time.perf_counter()
@@ -193,12 +201,16 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                             "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"[demo] warm start done in {metrics['warmstart']['wall_s']:.0f} s: loss "
           + " -> ".join(f"{x:.2f}" for x in losses), flush=True)
+    phases.mark("eval_after_warmstart")
     metrics["eval_after_warmstart"], wins_ws, trajs_ws = evaluate("after warm start")
-    ckpt_ws = save_checkpoint(model, tok, out / "warmstart", chat_template=pk.get("chat_template"))
+    phases.mark("save")
+    ckpt_ws = save_checkpoint(model, tok, out / "warmstart", chat_template=pk.get("chat_template"),
+                              run_settings=run_settings)
     print(f"[demo]   e.g. held-out task {eval_tasks[0]['expression']!r} -> {_decode_completion(tok, trajs_ws[0])}",
           flush=True)
 
     # -- GRPO through the adapter --------------------------------------------------------------------------------
+    phases.mark("grpo")
     t0 = time.perf_counter()
     per_step: list[dict[str, Any]] = []
     last = [time.perf_counter()]
@@ -244,14 +256,18 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     model.eval()
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
+    phases.mark("eval_after_grpo")
     metrics["eval_after_grpo"], wins_after, trajs_after = evaluate("after GRPO")
+    phases.mark("save")
     print(f"[demo]   e.g. held-out task {eval_tasks[0]['expression']!r} -> {_decode_completion(tok, trajs_after[0])}",
           flush=True)
-    ckpt_final = save_checkpoint(model, tok, out / "final", chat_template=pk.get("chat_template"))
+    ckpt_final = save_checkpoint(model, tok, out / "final", chat_template=pk.get("chat_template"),
+                                 run_settings=run_settings)
     metrics["checkpoints"] = {"warmstart": str(ckpt_ws), "final": str(ckpt_final)}
     metrics["grpo_gain"] = paired_difference_ci(wins_ws, wins_after)
     metrics["warmstart_gain"] = paired_difference_ci(wins_before, wins_ws)
     metrics["total_wall_s"] = round(time.perf_counter() - t_start, 1)
+    metrics["resources"] = phases.to_dict()  # wall/CPU seconds and peak RSS (MiB) of each phase, process peak
 
     _plot(metrics, out / "demo.png")
     tmp = out / "metrics.json.tmp"
@@ -269,7 +285,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     print(f"[demo]   GRPO's own gain (paired, after GRPO - after warm start): {g['mean']:+.1%} "
           f"[95% CI {g['lo']:+.1%}, {g['hi']:+.1%}] ({verdict})")
     print(f"[demo] wrote {out / 'demo.png'}, {out / 'metrics.json'}, checkpoints {ckpt_ws} and {ckpt_final}, "
-          f"trajectories in {out / 'trajectories'}/ -- total {metrics['total_wall_s']:.0f} s")
+          f"trajectories in {out / 'trajectories'}/ -- total {metrics['total_wall_s']:.0f} s, peak RSS "
+          f"{metrics['resources']['peak_rss_mb']:.0f} MiB")
     return metrics
 
 
