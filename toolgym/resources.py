@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Phases", "current_rss_mb", "peak_rss_mb", "reset_peak_rss"]
+__all__ = ["Phases", "current_rss_mb", "peak_rss_mb", "release_memory", "reset_peak_rss"]
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -58,6 +58,25 @@ def reset_peak_rss() -> bool:
     return True
 
 
+def release_memory() -> None:
+    """Collect garbage and hand freed heap memory back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    glibc keeps freed blocks of a process's heap (and raises its mmap threshold after large frees), so RSS stays
+    at the high-water mark of earlier phases unless trimmed; call it between the phases of a long run."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if not name or not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        pass
+
+
 class Phases:
     """Wall time, CPU time and peak RSS of named phases, plus the whole-process peak.
 
@@ -81,10 +100,11 @@ class Phases:
         self._open: contextlib.ExitStack | None = None
 
     def mark(self, name: str | None) -> None:
-        """End the open phase (if any) and start ``name`` (``None``: start nothing)."""
+        """End the open phase (if any), :func:`release_memory`, and start ``name`` (``None``: start nothing)."""
         if self._open is not None:
             self._open.close()
             self._open = None
+            release_memory()
         if name is not None:
             stack = contextlib.ExitStack()
             stack.enter_context(self(name))

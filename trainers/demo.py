@@ -61,6 +61,11 @@ class DemoConfig:
     eval_tasks: int = 100
     eval_seed: int = 10_000
     max_turn_tokens: int = 64
+    eval_batch_size: int = 25  # episodes per generate() call (bounds the KV cache; the result does not depend on it)
+    # memory: micro-batches of the training forward/backward (gradients accumulated; same step, less activation
+    # memory) and activation checkpointing (recompute instead of keep)
+    train_micro_batch_size: int = 2
+    gradient_checkpointing: bool = True
     # warm start: masked SFT on oracle episodes ("train" split)
     warmstart_episodes: int = 32
     warmstart_steps: int = 3
@@ -159,7 +164,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     def evaluate(tag: str) -> tuple[dict[str, Any], list[float], list[Any]]:
         t0 = time.perf_counter()
-        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
+        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False,
+                                    max_batch_size=cfg.eval_batch_size or None)
         driver = RolloutDriver(venv, policy, max_turn_tokens=cfg.max_turn_tokens)
         trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
         write_trajectories(out / "trajectories" / f"eval_{tag}.jsonl", trajs)
@@ -195,8 +201,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
           f"{cfg.warmstart_lr:g}) on {len(kept)} oracle episodes of the train split ({n_tok} policy tokens; env "
           "tokens masked).\n[demo]   it shows the format of a call and an answer, e.g.: "
           f"{_decode_completion(tok, kept[0])}", flush=True)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
-                        batch_size=cfg.warmstart_batch_size, seed=cfg.seed)
+                        batch_size=cfg.warmstart_batch_size, seed=cfg.seed,
+                        micro_batch_size=cfg.train_micro_batch_size or None)
     metrics["warmstart"] = {"episodes": len(kept), "policy_tokens": n_tok, "steps": cfg.warmstart_steps,
                             "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"[demo] warm start done in {metrics['warmstart']['wall_s']:.0f} s: loss "
@@ -237,11 +246,13 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     bs = cfg.grpo_num_generations * cfg.grpo_prompts_per_step
     args = GRPOConfig(
         output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
-        per_device_train_batch_size=bs, num_generations=cfg.grpo_num_generations,
+        per_device_train_batch_size=min(bs, cfg.train_micro_batch_size or bs), generation_batch_size=bs,
+        gradient_accumulation_steps=bs // min(bs, cfg.train_micro_batch_size or bs),
+        num_generations=cfg.grpo_num_generations,
         max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
         beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
         use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
-        gradient_checkpointing=False,  # TRL defaults it on; a 135M model does not need it and it recomputes forwards
+        gradient_checkpointing=cfg.gradient_checkpointing,
     )
     tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
                          trajectory_dir=str(out / "trajectories" / "grpo"))
@@ -254,6 +265,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     last[0] = time.perf_counter()
     trainer.train()
     model.eval()
+    del trainer  # its optimizer state (2 x the weights) is not needed by the last evaluation
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")
