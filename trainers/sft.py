@@ -236,6 +236,7 @@ def masked_sft(
             if on_step is not None:
                 on_step(k + 1, losses[-1])
     finally:
+        opt.zero_grad(set_to_none=True)  # the last step's gradients (one copy of the weights) are not kept
         model.eval()
     return losses
 
