@@ -266,6 +266,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     trainer.train()
     model.eval()
     del trainer  # its optimizer state (2 x the weights) is not needed by the last evaluation
+    model.zero_grad(set_to_none=True)
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")
