@@ -21,9 +21,13 @@ other rows are what the same budget buys with another algorithm:
   - ``dpo``: rounds of 4 tasks x 4 episodes, up to 2 pairs per task (reward margin 0.5), one DPO epoch
     (:mod:`trainers.dpo`: TRL ``DPOTrainer``, loss mask as ``completion_mask``; beta 0.1, lr 3e-5 = GRPO's; the
     reference model is the policy at each round's start);
-  - ``grpo`` / ``grpo_dr``: the demo's GRPO (TRL ``GRPOTrainer`` through :mod:`trainers.rollout_func`, 4 tasks x 4
-    samples per step, lr 3e-5, beta 0) with ``loss_type`` ``grpo`` / ``dr_grpo``, stopped by a callback at the
-    budget.
+  - ``grpo`` / ``grpo_dr``: the demo's GRPO (the algorithm's own trainer, :func:`trainers.grpo.build_trainer`:
+    TRL ``GRPOTrainer`` through :mod:`trainers.rollout_func`, 4 tasks x 4 samples per step, lr 3e-5, beta 0) with
+    ``loss_type`` ``grpo`` / ``dr_grpo``, stopped by a callback at the budget.
+
+  The rows train from the same pieces the algorithms of :data:`trainers.ALGORITHMS` run
+  (:func:`trainers.sft.masked_sft`, :func:`trainers.dpo.sample_pairs` + :func:`trainers.dpo_trainer.train_dpo`,
+  :func:`trainers.grpo.build_trainer`), in rounds stopped by the token budget, which their ``run`` does not know.
 
   No hyperparameter was chosen on the test split: the shared ones are the demo's (chosen on a validation draw of
   the train split), DPO's lr is GRPO's and its beta TRL's default.
@@ -104,9 +108,10 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
     """The demo's warm start (``a.warm_steps`` masked-SFT steps, batch 8, lr ``a.warm_lr``, on 32 oracle
     episodes) from ``a.base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter Llama, for pipeline
     checks only; or a model path), saved with the compact template to ``out/warm`` (reused when present)."""
+    from toolgym.eval import oracle_policy
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
     from trainers.compact import save_checkpoint
-    from trainers.sft import collect, masked_sft, oracle_policy
+    from trainers.sft import collect, masked_sft
 
     target = out / "warm"
     if (target / "config.json").is_file():
@@ -119,7 +124,7 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
         model = tiny_random_model(tok)
     else:
         model, tok = load_model(None if a.base == "embedded" else a.base)
-    kept, _ = collect(ENV, oracle_policy(ENV), _tasks("train", a.warm_episodes, a.seed + 1), seeds=a.seed,
+    kept, _ = collect(ENV, oracle_policy(), _tasks("train", a.warm_episodes, a.seed + 1), seeds=a.seed,
                       num_envs=16, max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
     losses = masked_sft(model, kept, steps=a.warm_steps, lr=a.warm_lr, batch_size=8, seed=a.seed)
     print(f"[algorithms] warm start: {a.warm_steps} masked-SFT steps on {len(kept)} oracle episodes, loss "
@@ -147,11 +152,12 @@ def _sampler(model: Any, tok: Any, a: argparse.Namespace, round_: int) -> Any:
 
 
 def run_sft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from trainers.sft import collect, oracle_policy
+    from toolgym.eval import oracle_policy
+    from trainers.sft import collect
 
     tokens = rounds = episodes = 0
     while tokens < budget:
-        kept, alltr = collect(ENV, oracle_policy(ENV), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
+        kept, alltr = collect(ENV, oracle_policy(), stream.take(a.round_tasks), seeds=a.seed, num_envs=16,
                               max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
         tokens += sum(sum(t.loss_mask) for t in alltr)
         episodes += len(alltr)
@@ -180,7 +186,8 @@ def run_rft(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: Ta
 
 
 def run_dpo(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
-    from trainers.dpo import sample_pairs, train_dpo
+    from trainers.dpo import sample_pairs
+    from trainers.dpo_trainer import train_dpo
 
     tokens = rounds = pairs_total = episodes = 0
     n_tasks = max(1, a.round_tasks // a.dpo_samples)
@@ -203,36 +210,44 @@ def _run_grpo(loss_type: str) -> Callable[..., dict[str, Any]]:
     def run(model: Any, tok: Any, budget: int, a: argparse.Namespace, stream: TaskStream) -> dict[str, Any]:
         import torch
         from transformers import TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
 
-        from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
+        from trainers import ALGORITHMS
 
+        grpo = ALGORITHMS["grpo"]
         tasks = stream.take(256)
-        rollout = ToolgymRollout(ENV, tasks, env_kwargs=env_kwargs(tok), max_turn_tokens=a.max_turn_tokens)
         used = {"tokens": 0, "steps": 0, "episodes": 0}
 
-        def counted(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-            out = rollout(prompts, trainer)
-            used["tokens"] += int(rollout.last_stats.generated_tokens)
-            used["episodes"] += len(prompts)
-            return out
-
         class Budget(TrainerCallback):
+            """Counts the tokens of each new rollout (``rollout.last_stats``) and stops at the budget."""
+
+            rollout: Any = None
+            seen: Any = None
+
             def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                stats = getattr(self.rollout, "last_stats", None)
+                if stats is not None and stats is not self.seen:
+                    self.seen = stats
+                    used["tokens"] += int(stats.generated_tokens)
+                    used["episodes"] += len(self.rollout.last_trajectories)
                 used["steps"] = state.global_step
                 if used["tokens"] >= budget:
                     control.should_training_stop = True
 
-        args = GRPOConfig(
-            output_dir=str(a.out / "tmp"), max_steps=10_000, learning_rate=a.grpo_lr, loss_type=loss_type,
-            per_device_train_batch_size=a.grpo_generations * a.grpo_prompts, num_generations=a.grpo_generations,
-            max_completion_length=160, temperature=a.temperature, beta=0.0, logging_steps=1, save_strategy="no",
-            report_to=[], seed=a.seed, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
-            gradient_checkpointing=False,
+        config = grpo.Config(
+            env_id=ENV, env_kwargs=env_kwargs(tok), max_turn_tokens=a.max_turn_tokens, dataset_repeat=8,
+            save_model=False,
+            trl=dict(
+                output_dir=str(a.out / "tmp"), max_steps=10_000, learning_rate=a.grpo_lr, loss_type=loss_type,
+                per_device_train_batch_size=a.grpo_generations * a.grpo_prompts, num_generations=a.grpo_generations,
+                max_completion_length=160, temperature=a.temperature, beta=0.0, logging_steps=1, save_strategy="no",
+                report_to=[], seed=a.seed, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
+                gradient_checkpointing=False,
+            ),
         )
         model.train()
-        trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[env_reward], args=args,
-                              train_dataset=make_dataset(tasks, repeat=8), rollout_func=counted, callbacks=[Budget()])
+        budget_cb = Budget()
+        trainer, rollout = grpo.build_trainer(config, model=model, tokenizer=tok, tasks=tasks, callbacks=[budget_cb])
+        budget_cb.rollout = rollout
         try:
             trainer.train()
         finally:

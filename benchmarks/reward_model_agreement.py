@@ -33,15 +33,14 @@ ENV = "toolgym/Calculator-v0"
 
 def noisy_oracle(state: Any) -> str:
     from toolgym.tools.calculator import evaluate
-    from trainers.sft import calculator_oracle
 
     kind = state.index % 3
     if kind == 2:  # guess without the tool
         value = float(evaluate(state.task["expression"]))
         return f"<answer>{int(float(f'{value:.2g}'))}</answer>"
     if state.turn == 0 or kind == 0:
-        return calculator_oracle(state)
-    right = calculator_oracle(state)[len("<answer>"):-len("</answer>")]
+        return state.env.oracle(state)
+    right = state.env.oracle(state)[len("<answer>"):-len("</answer>")]
     last = str((int(right[-1]) + 3) % 10) if right[-1].isdigit() else "7"
     return f"<answer>{right[:-1]}{last}</answer>"
 

@@ -10,8 +10,9 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import toolgym  # noqa: F401 - registers the envs
-from toolgym.envs.calculator import generate_task, parse_number
+from toolgym.envs.calculator import generate_task
 from toolgym.format.parsers import get_parser
+from toolgym.rewards.rules import exact_number, parse_exact_number
 from toolgym.tools.calculator import CalculatorError, evaluate
 
 
@@ -47,8 +48,17 @@ def test_tasks_are_deterministic_large_multistep_and_split_disjoint():
         assert evaluate(t["expression"]) == int(t["answer"])
 
 
-def test_parse_number():
-    assert parse_number(" 12,345 ") == 12345 and parse_number("-7.") == -7 and parse_number("abc") is None
+def test_the_reward_is_the_one_exact_number_check():
+    """Calculator-v0's reward is ``NumericMatch(exact=True)``: the whole answer one number, equal exactly."""
+    from toolgym.rewards.rules import NumericMatch
+
+    pe = parse_exact_number
+    assert pe(" 12,345 ") == 12345 and pe("-7.") == -7 and pe("abc") is None and pe("3.50") == pe("7/2")
+    assert pe("the answer is 5") is None and pe(None) is None and pe(True) is None
+    assert exact_number("12,345", "12345") == 1.0 and exact_number("12345.0001", ["12345"]) == 0.0
+    assert exact_number("so 12345", "12345") == 0.0  # numeric_match would read the last number; this does not
+    reward = gym.make("toolgym/Calculator-v0").unwrapped.reward
+    assert isinstance(reward, NumericMatch) and reward.exact and reward.name == "exact_number"
 
 
 def test_check_env_passes():

@@ -8,9 +8,10 @@ import pytest
 pytest.importorskip("trl", reason="the demo needs the [train] extra")
 
 import toolgym  # noqa: F401
+from toolgym.eval import oracle_policy
 from toolgym.models import load_model, load_tokenizer, tiny_random_model
 from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
-from trainers.sft import collect, oracle_policy
+from trainers.sft import collect
 
 
 def test_compact_prompt_is_short_and_the_oracle_still_solves_it():
@@ -22,7 +23,7 @@ def test_compact_prompt_is_short_and_the_oracle_still_solves_it():
     assert n_compact < 0.4 * n_full, (n_compact, n_full)
     text = tok.decode(compact.reset(seed=3)[0])
     assert "- calculator(expression): " in text and "<tool_call>" in text
-    kept, alltr = collect("toolgym/Calculator-v0", oracle_policy("toolgym/Calculator-v0"), [None] * 4, num_envs=2,
+    kept, alltr = collect("toolgym/Calculator-v0", oracle_policy(), [None] * 4, num_envs=2,
                           env_kwargs={"tokenizer": tok, **kw})
     assert len(kept) == len(alltr) == 4
 

@@ -20,17 +20,10 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference
 
 from toolgym.envs.calculator import generate_task
 from toolgym.rollout import EpisodeState, ScriptedPolicy, write_trajectories
-from trainers.dpo import (
-    DPORunConfig,
-    MaskedPreferenceCollator,
-    build_dpo_trainer,
-    load_pairs,
-    main,
-    make_pairs,
-    run_dpo,
-    save_pairs,
-)
-from trainers.sft import calculator_oracle, collect
+from trainers.cli import main as train_main
+from trainers.dpo import Config, load_pairs, make_pairs, run, save_pairs
+from trainers.dpo_trainer import MaskedPreferenceCollator, build_dpo_trainer
+from trainers.sft import collect
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ENV = "toolgym/Calculator-v0"
@@ -44,7 +37,7 @@ def tasks() -> list[dict]:
 
 def odd_wrong(state: EpisodeState) -> str:
     """Episodes with an odd index answer wrong without calling the tool; even ones run the oracle."""
-    return "<answer>-1</answer>" if state.index % 2 else calculator_oracle(state)
+    return "<answer>-1</answer>" if state.index % 2 else state.env.oracle(state)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +212,7 @@ def test_two_step_offline_dpo_run_from_a_trajectory_file(episodes, tmp_path):
     cfg_file = tmp_path / "dpo.yaml"
     cfg_file.write_text(f"model: {model_dir}\ntrajectories: {traj_file}\nbatch_size: 2\nlearning_rate: 1.0e-3\n"
                         f"output_dir: {tmp_path / 'out'}\n")
-    main(["--config", str(cfg_file), "--max_steps", "2", "--pairs_per_task", "2"])
+    assert train_main(["dpo", "--config", str(cfg_file), "--max_steps", "2", "--pairs_per_task", "2"]) == 0
     pairs = load_pairs(tmp_path / "out" / "pairs")
     assert len(pairs) == 6
     import json
@@ -240,9 +233,11 @@ def test_online_round_samples_from_the_model(tasks, tmp_path):
 
     tok = load_tokenizer()
     model = tiny_random_model(tok, seed=6)
-    cfg = DPORunConfig(num_tasks=2, samples_per_task=2, rounds=1, max_turn_tokens=6, num_envs=4, max_steps=2,
-                       output_dir=str(tmp_path / "online"), save_model=False)
-    summary = run_dpo(cfg, model=model, tokenizer=tok)
+    cfg = Config(num_tasks=2, samples_per_task=2, rounds=1, max_turn_tokens=6, num_envs=4, max_steps=2,
+                 output_dir=str(tmp_path / "online"), save_model=False)
+    result = run(cfg, model=model, tokenizer=tok)
+    assert result.algorithm == "dpo" and result.model_dir is None and "pairs_round0" in result.artifacts
+    summary = result.metrics
     row = summary["rounds"][0]
     assert row["episodes"] == 4 and summary["generated_tokens"] > 0
     # a random model earns reward 0 everywhere: no pair clears the margin, and the empty dataset is still saved
@@ -253,17 +248,18 @@ def test_online_round_samples_from_the_model(tasks, tmp_path):
 
 
 def test_config_flags_and_unknown_keys(tmp_path):
-    from trainers.dpo import config_from_argv
+    from toolgym.errors import ConfigError
+    from trainers.cli import load
 
     f = tmp_path / "c.yaml"
     f.write_text("margin: 0.9\nenv_kwargs: {split: test}\n")
-    cfg = config_from_argv(DPORunConfig, ["--config", str(f), "--pairs-per-task", "3", "--max_length", "null",
-                                          "--save_model", "false"], "t")
+    cfg = load("dpo", f, ["--pairs-per-task", "3", "--max_length", "null", "--save_model", "false"])
     assert (cfg.margin, cfg.pairs_per_task, cfg.env_kwargs, cfg.max_length, cfg.save_model) == \
         (0.9, 3, {"split": "test"}, None, False)
+    assert Config().env_kwargs == {"split": "train"} and Config().env_kwargs is not Config().env_kwargs
     f.write_text("bogus: 1\n")
-    with pytest.raises(ValueError, match="unknown keys"):
-        config_from_argv(DPORunConfig, ["--config", str(f)], "t")
+    with pytest.raises(ConfigError, match="unknown key bogus"):
+        load("dpo", f)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from tests.tokenizers import (
     trl_chat_template,
 )
 from toolgym.envs.base import ToolEnv
-from toolgym.format.conversation import ChatFormat
+from toolgym.format.chat import ChatFormat
 from toolgym.format.parsers import ParsedTurn, detect_parser, get_parser
 from toolgym.tools.base import ToolCall
 from toolgym.tools.calculator import calculator_tool

@@ -275,7 +275,7 @@ def test_name_clashes_are_prefixed_predictably() -> None:
     with MCPToolset(cfg) as ts:
         names = sorted(t.name for t in ts.tools)
         # shared names get "<server>__", the rest keep their names
-        assert names == sorted(["a__echo", "b__echo", "a__pid", "b__pid", "add", "count", "crash", "fail", "hang",
+        assert names == sorted(["a__echo", "b__echo", "a__pid", "b__pid", "add", "big_text", "count", "crash", "fail", "hang",
                                 "sleep_ms", "record", "freeze", "session_id", "wedge_session",
                                 "session_echo"])  # fmt: skip
         ex = ToolExecutor(ts.tools)

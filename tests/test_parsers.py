@@ -90,6 +90,10 @@ _ALL = ["hermes", "llama3_json", "qwen3_coder", "deepseek_v3", "deepseek_v31", "
 def test_format_calls_round_trips(family):
     p = get_parser(family)
     calls = [("search", {"query": "capital of France", "k": 3}), ("calc", {"expression": "1+2", "n": {"a": [1, "x"]}})]
+    types = {"search": {"query": "string", "k": "integer"}, "calc": {"expression": "string", "n": "object"}}
+    # the tools' schemas, as every env gives them (text-written values are typed with them, as vLLM does)
+    p.set_tools([{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {
+        k: {"type": t} for k, t in ts.items()}}}} for n, ts in types.items()])
     parsed = p.parse(p.format_calls(calls))
     assert [(c.name, c.arguments) for c in parsed.calls] == calls
     assert parsed.n_malformed == 0
@@ -223,3 +227,23 @@ def test_fuzz_no_exception_escapes_and_every_call_gets_one_classified_answer(tex
                     assert r.error_kind is ToolErrorKind.UNKNOWN_TOOL
                 else:
                     assert r.ok or r.error_kind is ToolErrorKind.INVALID_ARGUMENTS
+
+
+def test_the_never_raise_guard_is_the_base_class_s_once():
+    """Every registered family inherits ``parse`` from the base class (no family re-implements the guard), and the
+    guard turns an unexpected exception of ``_parse`` into one reported parse error."""
+    from toolgym.format.parsers import ParsedTurn, ToolCallParser
+
+    for name in list_parsers():
+        assert type(get_parser(name)).parse is ToolCallParser.parse, name
+
+    class Broken(ToolCallParser):
+        def _parse(self, text: str) -> ParsedTurn:
+            raise RecursionError("too deep")
+
+        def format_calls(self, calls, content: str = "") -> str:
+            return content
+
+    turn = Broken().parse("  x" * 1000)
+    assert turn.content == ("  x" * 1000).strip() and len(turn.calls) == 1
+    assert turn.calls[0].parse_error == "unparsable turn: too deep" and len(turn.calls[0].raw) == 2000

@@ -21,21 +21,21 @@ pytest.importorskip("trl", reason="the reward-model trainer needs the [train] ex
 from toolgym.envs.calculator import generate_task  # noqa: E402
 from toolgym.rollout import EpisodeState, RolloutDriver, ScriptedPolicy  # noqa: E402
 from trainers.reward_model import (  # noqa: E402
-    RewardModelRunConfig,
+    Config,
     agreement,
     evaluate_agreement,
     load_reward_base,
     reward_pairs,
     roc_auc,
-    run_reward_model,
+    run,
 )
-from trainers.sft import calculator_oracle, collect  # noqa: E402
+from trainers.sft import collect  # noqa: E402
 
 ENV = "toolgym/Calculator-v0"
 
 
 def odd_wrong(state: EpisodeState) -> str:
-    return "<answer>-1</answer>" if state.index % 2 else calculator_oracle(state)
+    return "<answer>-1</answer>" if state.index % 2 else state.env.oracle(state)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +99,11 @@ def trained_rm(tiny_base, episodes, tmp_path_factory):
     d = tmp_path_factory.mktemp("rm")
     train = write_trajectories(d / "train.jsonl", episodes)
     held = write_trajectories(d / "held.jsonl", episodes[:4])
-    cfg = RewardModelRunConfig(train_trajectories=str(train), heldout_trajectories=str(held), model=str(tiny_base),
+    cfg = Config(train_trajectories=str(train), heldout_trajectories=str(held), model=str(tiny_base),
                                max_steps=2, batch_size=2, learning_rate=1e-3, output_dir=str(d / "out"))
-    return run_reward_model(cfg), d / "out"
+    result = run(cfg)
+    assert result.algorithm == "reward_model" and result.model_dir == str(d / "out")
+    return result.metrics, d / "out"
 
 
 @pytest.mark.timeout(300)
@@ -133,7 +135,7 @@ def test_local_reward_model_scores_env_episodes_in_batches(trained_rm, episodes)
     rm = RewardModelReward(str(out), batch_size=4)
     rng = np.random.default_rng(3)
     tasks = [generate_task(rng) for _ in range(6)]
-    trajs = RolloutDriver(ENV, ScriptedPolicy(calculator_oracle), num_envs=6, env_kwargs={"reward": rm}).run(tasks)
+    trajs = RolloutDriver(ENV, ScriptedPolicy(lambda state: state.env.oracle(state)), num_envs=6, env_kwargs={"reward": rm}).run(tasks)
     assert all(0.0 < t.outcome_reward < 1.0 for t in trajs)  # a sigmoid score, from the env's own reward call
     assert rm.counts["scored"] == 6 and rm.counts["batches"] < 6 and rm.counts["failed"] == 0
     # the same score a plain forward gives

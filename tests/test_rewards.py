@@ -27,7 +27,7 @@ from toolgym.rewards import (
     f1_score,
     normalize_answer,
     numeric_match,
-    outcome_with_components,
+    outcome_score,
     parse_number,
     score_batch,
 )
@@ -260,7 +260,7 @@ async def test_score_of_is_the_one_coercion_of_a_plain_number():
     combo = Combine({PlainFloat(): 2.0, ExactMatch(field="missing"): 1.0, (lambda t, k: 3): 1.0})
     got = await combo.outcome(traj("x"), {})
     assert got == Score(3.5, {"plain": 0.25, "exact_match": 0.0, "exact_match/missing_gold": 1.0, "<lambda>": 3.0})
-    assert await outcome_with_components(PlainFloat(), traj("x"), {}) == Score(0.25, {})
+    assert await outcome_score(PlainFloat(), traj("x"), {}) == Score(0.25, {})
 
     def broken(trajectory, task):
         return "1.0"
@@ -269,12 +269,12 @@ async def test_score_of_is_the_one_coercion_of_a_plain_number():
         await score_batch(broken, [traj("x")])
 
 
-async def test_outcome_with_components_across_loops():
+async def test_outcome_score_across_loops():
     """Components survive a hop to toolgym's runtime loop when read inside the same task."""
     from toolgym import runtime
 
     em = ExactMatch(field="missing")
-    value, comps = await runtime.run_async(outcome_with_components(em, traj("x"), {}))
+    value, comps = await runtime.run_async(outcome_score(em, traj("x"), {}))
     assert value == 0.0 and comps == {"exact_match/missing_gold": 1.0}
 
 

@@ -8,8 +8,9 @@ import pytest
 pytest.importorskip("trl", reason="SFT needs the [train] extra (trl)")
 
 from toolgym.envs.calculator import generate_task
+from toolgym.eval import oracle_policy
 from toolgym.rollout import EpisodeState, ScriptedPolicy, read_trajectories
-from trainers.sft import calculator_oracle, collect, oracle_policy, sft_dataset, train_sft
+from trainers.sft import collect, sft_dataset, train_sft
 
 ENV = "toolgym/Calculator-v0"
 
@@ -21,7 +22,7 @@ def tasks() -> list[dict]:
 
 
 def half_wrong(state: EpisodeState) -> str:
-    return "<answer>-1</answer>" if state.index % 2 else calculator_oracle(state)
+    return "<answer>-1</answer>" if state.index % 2 else state.env.oracle(state)
 
 
 def test_collect_keeps_only_episodes_above_threshold(tasks, tmp_path):
@@ -34,15 +35,12 @@ def test_collect_keeps_only_episodes_above_threshold(tasks, tmp_path):
 
 
 def test_oracle_policy_solves_calculator(tasks):
-    kept, alltr = collect(ENV, oracle_policy(ENV), tasks, num_envs=3)
+    kept, alltr = collect(ENV, oracle_policy(), tasks, num_envs=3)
     assert len(kept) == len(alltr) == 6
-    # an id without an ORACLES entry falls back to the env's own oracle (CalculatorEnv.oracle here)
-    kept, _ = collect(ENV, oracle_policy("toolgym/Unknown-v0"), tasks[:2], num_envs=1)
-    assert len(kept) == 2
 
 
 def test_sft_dataset_masks_prompt_and_env_tokens(tasks):
-    kept, _ = collect(ENV, oracle_policy(ENV), tasks[:2], num_envs=2)
+    kept, _ = collect(ENV, oracle_policy(), tasks[:2], num_envs=2)
     ds = sft_dataset(kept)
     for row, t in zip(ds, kept, strict=True):
         assert row["input_ids"] == t.prompt_ids + t.completion_ids
@@ -62,7 +60,7 @@ def test_train_sft_trains_only_model_tokens_and_learns(tasks, tmp_path):
 
     tok = load_tokenizer()
     model = tiny_random_model(tok, seed=2)
-    kept, _ = collect(ENV, oracle_policy(ENV), tasks[:2], num_envs=2)
+    kept, _ = collect(ENV, oracle_policy(), tasks[:2], num_envs=2)
     trainer = train_sft(model, tok, kept, output_dir=tmp_path, max_steps=48, learning_rate=5e-3, batch_size=2,
                         logging_steps=4, disable_tqdm=True, save=True)
     labels = trainer.train_dataset["labels"]

@@ -9,10 +9,15 @@ violation; the tests fail on any):
 4. dependencies point one way inside the tree: the layers of :data:`LAYERS` (the package map in
    ``docs/concepts.md``; e.g. tools never import data, ``toolgym`` never imports ``trainers``): a module imports only
    its own layer or the layers above it (``toolgym/__init__.py``, the public API, is exempt);
-5. ... and outside it: ``toolgym`` never imports TRL, vLLM, MLflow or DeepSpeed (:data:`FORBIDDEN`).
+5. ... and outside it: ``toolgym`` never imports TRL, vLLM, MLflow or DeepSpeed (:data:`FORBIDDEN`);
+6. no module imports ``toolgym.cli`` (the entry point) but the entry point itself: the error types and exit codes
+   live in ``toolgym.errors``;
+7. the algorithm contract (``trainers/__init__.py``): every entry of ``trainers.ALGORITHMS`` is a module with a
+   ``Config`` dataclass whose fields all carry ``metadata["help"]`` and a ``run`` function taking the config, and
+   reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter).
 
-The import graph is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot be fooled
-by import-time side effects.
+The import graph (rules 1-6) is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot
+be fooled by import-time side effects.
 """
 
 from __future__ import annotations
@@ -267,6 +272,52 @@ def layering(files: dict[str, Path] | None = None) -> list[str]:
     return sorted(set(out))
 
 
+#: rule 6: the entry point, the one module that may import itself
+ENTRY_POINT = "toolgym.cli"
+
+
+def entry_point_imports(files: dict[str, Path] | None = None) -> list[str]:
+    """Imports of :data:`ENTRY_POINT` from any other module."""
+    files = files if files is not None else modules()
+    return [f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports the entry point {ENTRY_POINT}"
+            for imp in imports(files) if imp.target == ENTRY_POINT and imp.source != ENTRY_POINT]
+
+
+_CONTRACT_PROBE = """
+import dataclasses, inspect, json, sys
+import trainers
+out = []
+for name in trainers.ALGORITHMS:
+    mod = trainers.ALGORITHMS[name]
+    cfg, run = getattr(mod, "Config", None), getattr(mod, "run", None)
+    if not (isinstance(cfg, type) and dataclasses.is_dataclass(cfg)):
+        out.append(f"{mod.__name__}: no Config dataclass")
+    else:
+        out += [f"{mod.__name__}.Config.{f.name}: no help text" for f in dataclasses.fields(cfg)
+                if not str(f.metadata.get("help", "")).strip()]
+    if not callable(run) or not list(inspect.signature(run).parameters)[:1]:
+        out.append(f"{mod.__name__}: no run(config)")
+heavy = sorted(m for m in ("torch", "trl", "transformers") if m in sys.modules)
+if heavy:
+    out.append(f"reading the Configs imported {heavy}")
+print(json.dumps(out))
+"""
+
+
+def contract_violations() -> list[str]:
+    """Rule 7, checked in a fresh interpreter (the modules are imported: this is the one rule that does)."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _CONTRACT_PROBE], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=120)
+    if proc.returncode != 0:
+        return [f"importing trainers.ALGORITHMS failed: {proc.stderr.strip().splitlines()[-1:]}"]
+    return list(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def test_no_file_over_max_lines() -> None:
     assert long_files() == []
 
@@ -287,6 +338,14 @@ def test_imports_follow_the_layers() -> None:
     assert layering() == []
 
 
+def test_only_the_entry_point_imports_it() -> None:
+    assert entry_point_imports() == []
+
+
+def test_every_algorithm_keeps_the_contract() -> None:
+    assert contract_violations() == []
+
+
 def test_checker_sees_violations(tmp_path: Path) -> None:
     """The checker itself finds each kind of violation in a small synthetic tree."""
     a = tmp_path / "pkg" / "a.py"
@@ -295,7 +354,7 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (b.parent / "__init__.py").write_text("")
     a.write_text("from pkg.sub.b import _hidden\n")
-    b.write_text("def f():\n    from pkg import a\n" + "x = 1\n" * MAX_LINES)
+    b.write_text("def f():\n    from pkg import a\n    import toolgym.cli\n" + "x = 1\n" * MAX_LINES)
     files = {"pkg": tmp_path / "pkg" / "__init__.py", "pkg.a": a, "pkg.sub": b.parent / "__init__.py", "pkg.sub.b": b}
     global ROOT
     old, ROOT = ROOT, tmp_path
@@ -303,6 +362,8 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
         assert cycles(files) == [["pkg.a", "pkg.sub.b"]]
         assert len(private_imports(files)) == 1 and "_hidden" in private_imports(files)[0]
         assert len(long_files(files)) == 1
+        assert entry_point_imports(files) == [f"{b.relative_to(tmp_path)}:3: pkg.sub.b imports the entry point "
+                                              "toolgym.cli"]
         assert layer("toolgym.tools.sandbox.pool") == LAYERS.index(("toolgym.tools",))
         assert layer("toolgym.cli_eval") == layer("toolgym.cli") and layer("trainers.dpo") == len(LAYERS) - 1
     finally:
@@ -311,6 +372,6 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     problems = (long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
-                + layering())
+                + layering() + entry_point_imports() + contract_violations())
     print("\n".join(problems) or "structure ok")
     sys.exit(1 if problems else 0)

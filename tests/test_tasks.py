@@ -93,9 +93,7 @@ def test_an_env_instance_and_its_split_are_checked(kw: dict[str, Any]) -> None:
         env.close()
 
 
-def test_the_trainers_draw_through_it(kw: dict[str, Any]) -> None:
-    pytest.importorskip("trl", reason="the trainers need the [train] extra")
-    from trainers.grpo import env_tasks
-
-    assert env_tasks(CALC, 8, seed=2, env_kwargs={"split": "train", **kw}) == \
+def test_split_in_env_kwargs_draws_what_the_split_argument_draws(kw: dict[str, Any]) -> None:
+    """The trainers pass the split inside ``env_kwargs`` (the env kwargs their episodes run with)."""
+    assert draw_tasks(CALC, 8, seed=2, env_kwargs={"split": "train", **kw}) == \
         draw_tasks(CALC, 8, seed=2, split="train", env_kwargs=kw)

@@ -1,5 +1,6 @@
-"""``toolgym train {grpo,rft,sft}`` (trainers/cli.py): overrides reach the config, bad keys are one-line errors,
-and short real runs of the tiny model train, save, and log the toolgym metrics to TensorBoard."""
+"""``toolgym train NAME`` (trainers/cli.py, trainers/runconfig.py): every algorithm of ``trainers.ALGORITHMS``
+through one parser; overrides reach the config, bad keys are one-line errors, and short real runs of the tiny
+model train, save, and log the toolgym metrics to TensorBoard."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import glob
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,8 @@ import pytest
 pytest.importorskip("trl", reason="toolgym train needs the [train] extra (trl)")
 
 from toolgym.cli import main as toolgym_main
-from trainers import cli
+from trainers import ALGORITHMS, cli
+from trainers.runconfig import as_mapping, parse_overrides, resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 GRPO_CFG = str(ROOT / "trainers" / "configs" / "grpo_calculator_cpu.yaml")
@@ -38,7 +39,8 @@ def test_overrides_reach_the_grpo_config(capsys):
     out = _dry(capsys, "grpo", "--config", GRPO_CFG, "--max_steps", "2", "--learning_rate", "1e-5",
                "--toolgym.env_id", "toolgym/SQL-v0", "--report_to", "mlflow", "--max-completion-length=96",
                "--toolgym.env_kwargs.split", "test", "--bf16", "--toolgym.model", "null")
-    cfg, tg = out["config"], out["toolgym"]
+    cfg = out["config"]
+    tg = cfg.pop("toolgym")
     assert cfg["max_steps"] == 2 and cfg["learning_rate"] == 1e-5 and isinstance(cfg["learning_rate"], float)
     assert cfg["report_to"] == "mlflow" and cfg["max_completion_length"] == 96 and cfg["bf16"] is True
     assert cfg["num_generations"] == 8  # untouched fields keep the file's values
@@ -47,10 +49,13 @@ def test_overrides_reach_the_grpo_config(capsys):
     # the resolved fields build TRL's own config
     from trl import GRPOConfig
 
-    args, tgf = cli.resolve("grpo", GRPO_CFG, cli.parse_overrides(["--max_steps", "3", "--report_to", "[tensorboard]"]))
-    g = GRPOConfig(**{**args, "bf16": False})
+    grpo = ALGORITHMS["grpo"]
+    c = resolve(grpo.Config, GRPO_CFG, parse_overrides(["--max_steps", "3", "--report_to", "[tensorboard]"]))
+    assert isinstance(c, grpo.Config) and c.env_id == "toolgym/Calculator-v0" and c.max_turn_tokens == 64
+    g = GRPOConfig(**{**c.trl, "bf16": False})
     assert g.max_steps == 3 and g.report_to == ["tensorboard"] and g.num_generations == 8
-    assert cli.parse_overrides(["--a.b-c", "-1", "--flag", "--x=1.5", "--y", "{k: [1, 2]}"]) == {
+    assert resolve(grpo.Config, as_mapping(c)) == c  # the dry-run layout reads back as the same config
+    assert parse_overrides(["--a.b-c", "-1", "--flag", "--x=1.5", "--y", "{k: [1, 2]}"]) == {
         "a.b_c": -1, "flag": True, "x": 1.5, "y": {"k": [1, 2]}}
 
 
@@ -70,7 +75,7 @@ def test_misspelt_keys_are_one_line_errors_naming_the_close_match(capsys, tmp_pa
     err = _error(capsys, "sft", "--config", GRPO_CFG, code=2)  # a GRPO file is not an SFT config
     assert f"{GRPO_CFG}: unknown key num_generations" in err
     assert "cannot read config" in _error(capsys, "grpo", "--config", str(tmp_path / "none.yaml"), code=3)
-    assert "--config FILE.yaml is required" in _error(capsys, "grpo", "--max_steps", "1", code=2)
+    assert "--config needs a FILE.yaml" in _error(capsys, "grpo", "--config", code=2)
     assert "did you mean grpo?" in _error(capsys, "gpro", "--config", GRPO_CFG, code=2)
     err = _error(capsys, "grpo", "--config", GRPO_CFG, "--num_generations", "3", code=2)  # TRL's own check
     assert err.startswith("toolgym train grpo: error: invalid GRPOConfig:")
@@ -94,47 +99,53 @@ def test_missing_train_extra_is_a_clear_error(monkeypatch, capsys):
     assert "`toolgym train` needs the [train] extra" in capsys.readouterr().err
 
 
-@dataclasses.dataclass
-class Section:
-    env_id: str = "toolgym/Calculator-v0"
-    rounds: int = 2
+def test_every_algorithm_resolves_without_a_file_and_lists_its_fields(capsys):
+    """No file: the Config's defaults (+ overrides); ``NAME --help`` lists the fields with their help texts."""
+    for name in ALGORITHMS:
+        cls = ALGORITHMS[name].Config
+        trl = ("--use_cpu", "true", "--bf16", "false") if name in ("grpo", "sft") else ()  # TRL: bf16 needs a GPU
+        out = _dry(capsys, name, *trl)
+        assert out["algorithm"] == name
+        assert cli.main([name, "--help"]) == 0
+        text = capsys.readouterr().out
+        for f in dataclasses.fields(cls):
+            if f.name != "trl":
+                assert f"--{'toolgym.' if name in ('grpo', 'sft') else ''}{f.name} (" in text
+                assert f.metadata["help"] in text
+    out = _dry(capsys, "rft", "--rounds", "3", "--env-kwargs", "{max_turns: 2}")
+    assert out["config"]["rounds"] == 3 and out["config"]["env_kwargs"] == {"max_turns": 2}
+    assert _dry(capsys, "reward-model", "--max_steps", "5")["config"]["max_steps"] == 5  # dashes in the name
+    err = _error(capsys, "rft", "--toolgym.rounds", "2", code=2)  # rft has no toolgym section
+    assert "unknown option --toolgym" in err
+    assert cli.main(["--help"]) == 0 and "reward_model" in capsys.readouterr().out
 
 
-@dataclasses.dataclass
-class RFTConfig:
-    output_dir: str = "runs/rft"
-    learning_rate: float = 1e-5
-    toolgym: Section = dataclasses.field(default_factory=Section)
+def test_run_is_called_with_the_resolved_config(monkeypatch, capsys, tmp_path):
+    """``toolgym train NAME`` resolves the Config and calls the module's ``run`` with it, nothing else."""
+    from trainers.contract import RunResult
 
-
-def test_rft_is_handed_the_resolved_config(monkeypatch, capsys, tmp_path):
-    """``rft`` hands the merged config to RFT_MODULE: ``run_rft(RFTConfig(...))`` when it has one, else
-    ``main(["--config", FILE])`` (a stand-in module here: the real trainers.rft comes from another branch)."""
-
-    seen: dict = {}
-
-    def main(argv):
-        import yaml
-
-        seen.update(yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text()))
-        return 0
-
-    mod = types.ModuleType(cli.RFT_MODULE)
-    mod.RFTConfig, mod.main = RFTConfig, main
-    monkeypatch.setitem(sys.modules, cli.RFT_MODULE, mod)
-    cfg = tmp_path / "rft.yaml"
-    cfg.write_text("output_dir: runs/x\ntoolgym:\n  rounds: 3\n")
-    assert cli.main(["rft", "--config", str(cfg), "--learning_rate", "3e-5", "--toolgym.env_id", "toolgym/SQL-v0"]) == 0
-    assert seen == {"output_dir": "runs/x", "learning_rate": 3e-5, "toolgym": {"rounds": 3, "env_id": "toolgym/SQL-v0"}}
-    # a module with run_rft(cfg) gets the RFTConfig itself (trainers.rft's interface)
+    rft = ALGORITHMS["rft"]
     got: list = []
-    mod.run_rft = got.append
-    assert cli.main(["rft", "--config", str(cfg), "--toolgym.rounds", "5"]) == 0
-    assert got == [RFTConfig(output_dir="runs/x", learning_rate=1e-5, toolgym=Section(rounds=5))]
-    assert "did you mean --toolgym.rounds?" in _error(capsys, "rft", "--config", str(cfg), "--toolgym.round", "1",
-                                                      code=2)
-    monkeypatch.setitem(sys.modules, cli.RFT_MODULE, None)  # not installed
-    assert _error(capsys, "rft", "--config", str(cfg), code=3).endswith(f"needs {cli.RFT_MODULE} (not in this install)")
+
+    def fake_run(cfg):
+        got.append(cfg)
+        return RunResult("rft", cfg.output_dir, None, {"rounds": []})
+
+    monkeypatch.setattr(rft, "run", fake_run)
+    f = tmp_path / "rft.yaml"
+    f.write_text("output_dir: runs/x\nrounds: 3\n")
+    assert toolgym_main(["train", "rft", "--config", str(f), "--lr", "3e-5", "--env_id", "toolgym/SQL-v0"]) == 0
+    assert got == [rft.Config(output_dir="runs/x", rounds=3, lr=3e-5, env_id="toolgym/SQL-v0")]
+    assert "toolgym train rft: done, outputs in runs/x" in capsys.readouterr().out
+    assert "did you mean --rounds?" in _error(capsys, "rft", "--config", str(f), "--round", "1", code=2)
+
+    def failing(cfg):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(rft, "run", failing)
+    assert _error(capsys, "rft", code=1) == "toolgym train rft: error: RuntimeError: boom second line"
+    monkeypatch.setitem(sys.modules, "trainers.rft", None)  # not installed
+    assert _error(capsys, "rft", code=3).endswith("needs trainers.rft (not in this install)")
 
 
 @pytest.mark.slow
@@ -174,6 +185,7 @@ def test_sft_on_oracle_episodes_trains_and_saves(tmp_path, capsys):
                      "--toolgym.env_kwargs", "{split: train}"]) == 0
     printed = capsys.readouterr().out
     assert "4 episodes, kept 4 (reward >= 1.0)" in printed and "2 steps, model saved" in printed
+    assert f"toolgym train sft: done, model saved to {out}" in printed
     kept = [json.loads(ln) for ln in (out / "sft_trajectories.jsonl").read_text().splitlines()]
     assert len(kept) == 4 and all(t["task"]["split"] == "train" and t["outcome_reward"] == 1.0 for t in kept)
     assert (out / "model.safetensors").is_file()
@@ -188,14 +200,14 @@ def test_sft_on_oracle_episodes_trains_and_saves(tmp_path, capsys):
 def test_shipped_configs_resolve(algo, path, extra, capsys):
     import yaml
 
-    out = _dry(capsys, algo, "--config", str(ROOT / path), *extra)
+    out = _dry(capsys, algo, "--config", str(ROOT / path), *extra)["config"]
     raw = yaml.safe_load((ROOT / path).read_text())
     assert out["toolgym"]["env_id"] == raw["toolgym"]["env_id"]
-    assert out["config"]["output_dir"] == raw["output_dir"]
+    assert out["output_dir"] == raw["output_dir"]
 
 
 def test_dpo_resolves_its_config_and_names_close_matches(capsys):
-    """``toolgym train dpo`` reads trainers.dpo.DPORunConfig's fields: overrides are typed, a misspelt key is exit 2."""
+    """``toolgym train dpo`` reads trainers.dpo.Config's fields: overrides are typed, a misspelt key is exit 2."""
     cfg = str(Path(__file__).resolve().parent.parent / "trainers" / "configs" / "dpo_calculator_cpu.yaml")
     assert cli.main(["dpo", "--config", cfg, "--max_steps", "3", "--beta", "0.2", "--dry-run"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

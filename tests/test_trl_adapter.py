@@ -262,21 +262,19 @@ def test_two_processes_make_matching_generate_calls(tmp_path):
 def test_one_grpo_step_with_the_embedded_model(tmp_path):
     """One real GRPO step with SmolLM2-135M through the adapter (transformers generation on CPU)."""
     import torch
-    from trl import GRPOConfig
 
     from toolgym.models import load_model
-    from trainers.grpo import ToolgymGRPOArgs, build_trainer
+    from trainers.grpo import Config, build_trainer
 
     torch.manual_seed(0)
     model, tok = load_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "layers.0.self_attn.q_proj" in n}
     rng = np.random.default_rng(11)
     tasks = [generate_task(rng) for _ in range(2)]
-    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=64, max_steps=1, logging_steps=1, report_to=[], use_cpu=True,
-                      save_strategy="no", seed=0, learning_rate=1e-5, disable_tqdm=True)
-    trainer, rollout = build_trainer(ToolgymGRPOArgs(max_turn_tokens=32), args, model=model, tokenizer=tok,
-                                     tasks=tasks)
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4,
+               max_completion_length=64, max_steps=1, logging_steps=1, report_to=[], use_cpu=True,
+               save_strategy="no", seed=0, learning_rate=1e-5, disable_tqdm=True)
+    trainer, rollout = build_trainer(Config(max_turn_tokens=32, trl=trl), model=model, tokenizer=tok, tasks=tasks)
     trainer.train()
     logs = trainer.state.log_history[0]
     assert "rewards/env_reward/mean" in logs and "toolgym/tool_call_rate" in logs

@@ -15,7 +15,7 @@ Subcommands::
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
-    toolgym train grpo|rft|sft|dpo --config FILE.yaml [--FIELD VALUE ...]          (needs the [train] extra)
+    toolgym train grpo|sft|rft|dpo|reward_model [--config FILE.yaml] [--FIELD VALUE ...]   (the [train] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -51,6 +51,7 @@ from toolgym.cli_common import (
     check_reachable,
     check_report_to,
     env_construction_error,
+    import_user_module,
     make_policy,
     parse_env_kwargs,
     policy_connection,
@@ -60,8 +61,9 @@ from toolgym.cli_common import (
     trainers_module,
 )
 from toolgym.cli_eval import add_parser as add_eval_parser
-from toolgym.cli_eval import add_run_args
+from toolgym.cli_eval import add_run_args, require_oracle
 from toolgym.cli_view import add_parsers as add_view_parsers
+from toolgym.errors import OutputFileError
 
 __all__ = [
     "BENCHMARKS",
@@ -106,15 +108,13 @@ def user_envs() -> dict[str, tuple[str, str]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import importlib
-
     from toolgym.envs.registration import ENVS
 
     for mod in args.imports or []:
         try:
-            importlib.import_module(mod)
-        except ImportError as e:
-            raise CLIError(f"--import {mod}: {e}", ExitCode.USAGE) from None
+            import_user_module(mod)
+        except CLIError as e:
+            raise CLIError(f"--import {mod}: {e.message}", ExitCode.USAGE) from None
     envs = {**ENVS, **user_envs()}
     if args.json:
         print(json.dumps([{"id": k, "entry_point": ep, "description": d, "builtin": k in ENVS}
@@ -164,7 +164,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         raise CLIError("--max-new-tokens must be >= 1", ExitCode.USAGE)
     out = Path(args.out)
     check_report_to(args)
-    from toolgym.eval import make_eval_vector_env
+    from toolgym.envs.registration import make_vector_env
     from toolgym.jsonl import JSONLStream
 
     check_output(out)  # the file itself is replaced only once the first episode has finished
@@ -172,13 +172,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from toolgym.rollout import RolloutDriver, summarize
 
     policy, tok = make_policy(args)
-    env_kwargs.setdefault("tokenizer", tok)
+    if tok is not None:  # None: the oracle, which runs with the env's own tokenizer
+        env_kwargs.setdefault("tokenizer", tok)
     num_envs = args.num_envs or min(args.episodes, 8)
     try:
-        venv = make_eval_vector_env(env_id, num_envs, env_kwargs)
+        venv = make_vector_env(env_id, num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
+        require_oracle(args.policy, env_id, venv)
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
         # episodes are streamed as they finish: an interrupted run keeps them
         with JSONLStream(out) as stream, policy_connection(args.policy):
@@ -229,8 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_EPILOG, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("env", help="env id (toolgym/Calculator-v0, Calculator-v0 or calculator)")
     s.add_argument("--policy", default="embedded",
-                   help="'embedded' (SmolLM2-135M), 'tiny' (tiny random model), an http(s):// URL of an "
-                        "OpenAI-compatible server (vLLM, `toolgym serve model`), or a model path")
+                   help="'oracle' (the env's oracle(state)), 'embedded' (SmolLM2-135M), 'tiny' (tiny random "
+                        "model), an http(s):// URL of an OpenAI-compatible server (vLLM, `toolgym serve model`), or "
+                        "a model path")
     s.add_argument("--episodes", type=int, default=8)
     s.add_argument("--out", default="trajectories.jsonl", help="trajectory JSONL, streamed as episodes finish "
                    "(an existing file is replaced once the first episode is done)")
@@ -248,10 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
-    s = sub.add_parser("train", help="train with TRL: grpo, rft, sft or dpo (`toolgym train grpo --help`)",
-                       description="toolgym train {grpo,rft,sft,dpo} --config FILE.yaml [--FIELD VALUE ...]: see "
+    s = sub.add_parser("train", help="train with an algorithm of trainers.ALGORITHMS: grpo, sft, rft, dpo, "
+                       "reward_model (`toolgym train --help`)",
+                       description="toolgym train NAME [--config FILE.yaml] [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
-    s.add_argument("algorithm", choices=["grpo", "rft", "sft", "dpo"])
+    s.add_argument("algorithm", help="grpo, sft, rft, dpo or reward_model")
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
 
@@ -301,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse (2) and --help/--version (0)
         code = e.code
         return code if isinstance(code, int) else (ExitCode.OK if code is None else ExitCode.USAGE)
+    except OutputFileError as e:  # a full disk, a device behind --out: unwritable output (3), rows kept whole
+        if debug:
+            raise
+        print_error(e.strerror or str(e))
+        return ExitCode.INPUT
     except Exception as e:  # noqa: BLE001 - the command line reports, it does not crash
         if debug:
             raise
@@ -308,7 +317,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":  # `python -m toolgym.cli`: run the importable module, so that its CLIError class is
-    from toolgym.cli import main as _main  # the one that trainers/ (registry, tracking) raise
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

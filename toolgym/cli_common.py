@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import enum
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from toolgym.errors import CLIError, ExitCode
 
 __all__ = [
     "CLIError",
@@ -26,7 +28,10 @@ __all__ = [
     "check_reachable",
     "check_report_to",
     "env_construction_error",
+    "import_user_module",
+    "load_tokenizer_arg",
     "make_policy",
+    "nonnegative_float",
     "parse_env_kwargs",
     "policy_connection",
     "print_error",
@@ -34,26 +39,6 @@ __all__ = [
     "resolve_env_id",
     "trainers_module",
 ]
-
-
-class ExitCode(enum.IntEnum):
-    """Exit codes of the ``toolgym`` command."""
-
-    OK = 0
-    FAILURE = 1
-    USAGE = 2
-    INPUT = 3
-    UNREACHABLE = 4
-    INTERRUPTED = 130
-
-
-class CLIError(Exception):
-    """A failure with a message for the user and the exit code to return."""
-
-    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code
 
 
 def print_error(message: str) -> None:
@@ -76,13 +61,11 @@ def resolve_env_id(name: str) -> str:
     if name in ENVS:
         return name
     if ":" in name:
-        import importlib
-
         mod, _, env_id = name.partition(":")
         try:
-            importlib.import_module(mod)
-        except ImportError as e:
-            raise CLIError(f"env {name!r}: cannot import module {mod!r} ({e})", ExitCode.USAGE) from None
+            import_user_module(mod)
+        except CLIError as e:
+            raise CLIError(f"env {name!r}: {e.message}", ExitCode.USAGE) from None
         if env_id not in gym.registry:
             raise CLIError(f"env {name!r}: module {mod!r} registers no env {env_id!r}", ExitCode.USAGE)
         return name
@@ -152,10 +135,13 @@ def check_reachable(url: str, timeout_s: float = 5.0) -> None:
 def check_output(path: str | Path) -> None:
     """Raise :class:`CLIError` (exit 3) unless an output file can be written at ``path`` (checked before any model
     loads; the file itself is left untouched)."""
+    from toolgym.errors import OutputFileError
     from toolgym.jsonl import check_writable
 
     try:
         check_writable(path)
+    except OutputFileError as e:  # its message names the file and why (e.g. a device, not a regular file)
+        raise CLIError(e.strerror or str(e), ExitCode.INPUT) from None
     except OSError as e:
         raise CLIError(f"cannot write {path}: {e.strerror or e}", ExitCode.INPUT) from None
 
@@ -206,21 +192,67 @@ def check_report_to(args: argparse.Namespace) -> None:
         args.report_to_checked = trainers_module("trainers.tracking").check_report_backends(args.report_to)
 
 
+def import_user_module(name: str) -> None:
+    """Import ``name`` (``--import MODULE``, ``module:Env-v0``) the way ``python -m`` would find it: the current
+    directory is importable (a console script such as ``toolgym`` does not put it on ``sys.path`` by itself).
+
+    Raises:
+        CLIError (usage): the module cannot be imported (the message names it and the reason).
+    """
+    import importlib
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        raise CLIError(f"cannot import module {name!r} ({e}); it is looked up on sys.path, which includes the "
+                       "current directory", ExitCode.USAGE) from None
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite float >= 0 (``--temperature``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def load_tokenizer_arg(spec: str | None) -> Any:
+    """The tokenizer named by ``--tokenizer`` (``None``/``embedded``: the embedded one), or :class:`CLIError`
+    (exit 3) in one line when it cannot be loaded, at once when offline (no retries against an unreachable hub)."""
+    from toolgym.models import TokenizerNotFoundError, load_tokenizer
+
+    try:
+        return load_tokenizer(None if spec in (None, "embedded") else spec)
+    except TokenizerNotFoundError as e:
+        raise CLIError(str(e), ExitCode.INPUT) from None
+
+
 def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
-    """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use."""
-    from toolgym.models import load_model, load_tokenizer, tiny_random_model
+    """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use (``None`` for
+    ``oracle``: the env's own default tokenizer)."""
+    from toolgym.models import load_model, tiny_random_model
     from toolgym.rollout import OpenAIPolicy, TransformersPolicy
 
     spec: str = args.policy
+    if spec == "oracle":
+        from toolgym.eval import oracle_policy
+
+        return oracle_policy(), None
     if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
         spec = str(trainers_module("trainers.registry").resolve_model_uri(spec))
     if spec.startswith(("http://", "https://")):
         check_reachable(spec)
-        tok = load_tokenizer(None if args.tokenizer in (None, "embedded") else args.tokenizer)
+        tok = load_tokenizer_arg(args.tokenizer)
         policy = OpenAIPolicy(spec, model=args.model_name, temperature=args.temperature)
         return policy, tok
     if spec == "tiny":
-        tok = load_tokenizer(None)
+        tok = load_tokenizer_arg(None)
         model = tiny_random_model(tok, seed=args.seed or 0)
     elif spec == "embedded":
         model, tok = load_model()

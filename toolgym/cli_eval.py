@@ -21,19 +21,21 @@ from toolgym.cli_common import (
     check_report_to,
     env_construction_error,
     make_policy,
+    nonnegative_float,
     parse_env_kwargs,
     policy_connection,
     report_summary,
     resolve_env_id,
 )
 
-__all__ = ["add_parser", "add_run_args", "cmd_eval"]
+__all__ = ["add_parser", "add_run_args", "cmd_eval", "require_oracle"]
 
 
 def add_run_args(s: argparse.ArgumentParser, *, temperature: float, what: str) -> None:
     """The generation, env and logging options ``rollout`` and ``eval`` share (``temperature``: its default;
     ``what``: what ``--report-to`` logs, for the help text)."""
-    s.add_argument("--temperature", type=float, default=temperature, help="sampling temperature; 0 = greedy")
+    s.add_argument("--temperature", type=nonnegative_float, default=temperature,
+                   help="sampling temperature (>= 0); 0 = greedy")
     s.add_argument("--max-new-tokens", type=int, default=None, help="tokens sampled per assistant turn (default: "
                    "the checkpoint's toolgym_run.json, else 128)")
     s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
@@ -76,23 +78,21 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
     return s
 
 
-def _policy(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """``(policy, tokenizer or None, name)`` for ``--policy``."""
-    if args.policy == "oracle":
-        from toolgym.eval import oracle_policy
+def require_oracle(policy: str, env_id: str, venv: Any) -> None:
+    """With ``--policy oracle``, a usage error (exit 2) before any episode unless the env defines an oracle."""
+    from toolgym.eval import has_oracle
 
-        return oracle_policy(), None, "oracle"
-    policy, tok = make_policy(args)  # one place builds model policies for rollout and eval
-    return policy, tok, args.policy
+    if policy == "oracle" and not has_oracle(venv):
+        raise CLIError(f"{env_id} has no oracle: define `oracle(self, state) -> str` on the env class to use "
+                       "--policy oracle", ExitCode.USAGE)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from toolgym.envs.registration import make_vector_env
     from toolgym.eval import (
         TaskFileError,
         TaskSelectionError,
         evaluate,
-        has_oracle,
-        make_eval_vector_env,
     )
 
     env_id = resolve_env_id(args.env)
@@ -101,8 +101,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for flag, value in (("-k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--num-envs", args.num_envs)):
         if value < 1:
             raise CLIError(f"{flag} must be >= 1, got {value}", ExitCode.USAGE)
-    if args.temperature < 0:
-        raise CLIError(f"--temperature must be >= 0, got {args.temperature}", ExitCode.USAGE)
     if args.k > 1 and args.temperature == 0 and args.policy != "oracle":
         print("toolgym: warning: -k > 1 with --temperature 0 (greedy) gives k identical samples", file=sys.stderr)
     tasks: Any = args.tasks
@@ -118,17 +116,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         env_kwargs["split"] = args.split
 
     check_report_to(args)  # before any work: unknown / not installed backend (2), unreachable MLflow server (4)
-    policy, tok, name = _policy(args)
+    policy, tok = make_policy(args)  # one place builds every policy for rollout and eval
+    name = args.policy
     if tok is not None:
         env_kwargs.setdefault("tokenizer", tok)
     try:
-        venv = make_eval_vector_env(env_id, args.num_envs, env_kwargs)
+        venv = make_vector_env(env_id, args.num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
         raise env_construction_error(env_id, e) from None
     try:
-        if name == "oracle" and not has_oracle(venv):
-            raise CLIError(f"{env_id} has no oracle: define `oracle(self, state) -> str` on the env class to use "
-                           "--policy oracle", ExitCode.USAGE)
+        require_oracle(name, env_id, venv)
         try:
             with policy_connection(args.policy):
                 report = evaluate(

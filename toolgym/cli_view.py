@@ -15,7 +15,7 @@ __all__ = ["add_parsers", "cmd_plot", "cmd_view"]
 def _tokenizer_for_view(spec: str) -> Any:
     if spec == "none":
         return None
-    from toolgym.models import EmbeddedModelMissingError
+    from toolgym.models import EmbeddedModelMissingError, TokenizerNotFoundError
 
     try:
         from toolgym.models import load_tokenizer
@@ -24,6 +24,8 @@ def _tokenizer_for_view(spec: str) -> Any:
     except EmbeddedModelMissingError as e:
         print(f"toolgym: warning: {e}; showing the mask view from the turn texts instead", file=sys.stderr)
         return None
+    except TokenizerNotFoundError as e:
+        raise CLIError(str(e), ExitCode.INPUT) from None
     except (OSError, ValueError) as e:
         raise CLIError(f"cannot load tokenizer {spec!r}: {e}", ExitCode.INPUT) from None
 
@@ -32,20 +34,20 @@ def cmd_view(args: argparse.Namespace) -> int:
     from toolgym.viewer import TrajectoryFileError, load_trajectory_rows, write_report
 
     src = Path(args.trajectories)
-    try:
-        rows = load_trajectory_rows(src)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        raise CLIError(f"cannot read {src}: {e.strerror or e}", ExitCode.INPUT) from None
-    except (TrajectoryFileError, UnicodeDecodeError) as e:
-        raise CLIError(str(e), ExitCode.INPUT) from None
-    other = None
-    if args.compare:
-        try:
-            other = load_trajectory_rows(args.compare)
+    cut: list[str] = []
+
+    def load(path: str | Path) -> list[dict[str, Any]]:
+        try:  # a last row cut mid-write (a killed run, a full disk) is reported; the whole rows are shown
+            return load_trajectory_rows(path, on_cut_tail=lambda _n, msg: cut.append(msg))
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise CLIError(f"cannot read {args.compare}: {e.strerror or e}", ExitCode.INPUT) from None
+            raise CLIError(f"cannot read {path}: {e.strerror or e}", ExitCode.INPUT) from None
         except (TrajectoryFileError, UnicodeDecodeError) as e:
             raise CLIError(str(e), ExitCode.INPUT) from None
+
+    rows = load(src)
+    other = load(args.compare) if args.compare else None
+    for msg in cut:
+        print(f"toolgym: warning: {msg}: skipped; the whole rows before it are shown", file=sys.stderr)
     tok = _tokenizer_for_view(args.tokenizer)
     title = args.title or f"toolgym trajectories — {src.name}" + (f" vs {Path(args.compare).name}" if other is not None else "")
     labels = (src.name, Path(args.compare).name) if other is not None else None
@@ -55,8 +57,14 @@ def cmd_view(args: argparse.Namespace) -> int:
         path = write_report(rows, args.out, tokenizer=tok, title=title, limit=args.limit, compare=other, labels=labels)
     except OSError as e:
         raise CLIError(f"cannot write {args.out}: {e.strerror or e}", ExitCode.INPUT) from None
-    shown = len(rows) if args.limit is None else min(len(rows), args.limit)
-    print(f"wrote {path} ({shown} episodes)")
+    def count(n: int) -> int:
+        return n if args.limit is None else min(n, args.limit)
+
+    if other is None:
+        print(f"wrote {path} ({count(len(rows))} episodes)")
+    else:
+        print(f"wrote {path} ({count(len(rows)) + count(len(other))} episodes: {count(len(rows))} in {labels[0]}, "
+              f"{count(len(other))} in {labels[1]})")
     return ExitCode.OK
 
 

@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.envs.registration import import_env_id, make_vector_env
 from toolgym.jsonl import JSONLStream
 from toolgym.tasks import (
     TaskFileError,
     TaskSelectionError,
     _base_env,
     _check_unique,
-    import_env_id,
     select_tasks,
     task_id,
 )
@@ -57,7 +57,7 @@ __all__ = [
     "evaluate",
     "has_oracle",
     "import_env_id",
-    "make_eval_vector_env",
+    "make_vector_env",
     "mean_at_k",
     "oracle_policy",
     "paired_difference_ci",
@@ -191,30 +191,6 @@ def oracle_policy(env: Any = None) -> Any:
         return fn(state)
 
     return ScriptedPolicy(script)
-
-
-def make_eval_vector_env(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> Any:
-    """A :class:`~toolgym.vector.ToolVectorEnv` of ``num_envs`` copies of ``env_id`` with autoreset disabled.
-
-    ``env_id`` is any registered id, including ``"module:Env-v0"`` (Gymnasium imports ``module`` first). Envs
-    registered without toolgym's vector entry point are wrapped in a ToolVectorEnv directly.
-    """
-    import gymnasium as gym
-    from gymnasium.vector import AutoresetMode
-
-    import toolgym  # noqa: F401  (registers the envs)
-    from toolgym.vector import ToolVectorEnv
-
-    env_id = import_env_id(env_id)
-    spec = gym.spec(env_id)
-    kw = dict(env_kwargs or {})
-    if spec.vector_entry_point is not None:
-        return gym.make_vec(env_id, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **kw)
-
-    def env_fn(**k: Any) -> Any:
-        return gym.make(spec.id, disable_env_checker=True, **k)
-
-    return ToolVectorEnv(env_fn, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -352,7 +328,7 @@ def evaluate(
         kw = dict(env_kwargs or {})
         if split is not None:
             kw["split"] = split
-        owned = venv = make_eval_vector_env(venv, num_envs, kw)
+        owned = venv = make_vector_env(venv, num_envs, kw)
     base = _base_env(venv)
     env_id = getattr(getattr(venv, "spec", None), "id", None) or getattr(getattr(base, "spec", None), "id", None)
     env_id = env_id or (env_id_or_vector_env if isinstance(env_id_or_vector_env, str) else type(base).__name__)

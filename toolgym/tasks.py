@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.envs.registration import import_env_id
 from toolgym.errors import InputFileError
 
 __all__ = ["TaskFileError", "TaskSelectionError", "draw_tasks", "import_env_id", "select_tasks", "task_id"]
@@ -78,18 +79,6 @@ def _check_unique(rows: Sequence[Mapping[str, Any]], where: str, error: type[Exc
             raise error(f"{where}: task id {tid!r} appears twice (rows {seen[tid] + 1} and {i + 1}); "
                         "each task must be run exactly once")
         seen[tid] = i
-
-
-def import_env_id(env_id: str) -> str:
-    """``"module:Env-v0"`` -> imports ``module`` (which registers its envs, as ``gym.make`` does) and returns
-    ``"Env-v0"``; any other id is returned unchanged. ``ImportError`` when the module is missing."""
-    if ":" in env_id:
-        import importlib
-
-        mod, _, env_id = env_id.partition(":")
-        importlib.import_module(mod)
-    return env_id
-
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,10 +415,15 @@ def write_trajectories(
     return write_jsonl(path, rows, append=append)
 
 
-def read_trajectories(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_trajectories(
+    path: str | os.PathLike[str], *, on_cut_tail: Callable[[int, str], None] | None = None
+) -> list[dict[str, Any]]:
     """The rows of a trajectory JSONL file (one :meth:`Trajectory.to_dict` per line, blank lines skipped), each
     validated with :func:`check_trajectory_row`; rows are returned as dicts, unknown keys kept (use
     :meth:`Trajectory.from_dict` for objects). The one reader of trajectory files (viewer, plots, trainers).
+
+    ``on_cut_tail(line, message)``: accept a file whose last row was cut mid-write (see
+    :func:`toolgym.jsonl.iter_jsonl`): the whole rows are returned and the cut one is reported to it.
 
     Raises:
         FileNotFoundError / PermissionError / IsADirectoryError: the file cannot be opened.
@@ -427,7 +432,7 @@ def read_trajectories(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """
     p = Path(path)
     rows: list[dict[str, Any]] = []
-    for lineno, row in iter_jsonl(p, error=TrajectoryFileError):
+    for lineno, row in iter_jsonl(p, error=TrajectoryFileError, on_cut_tail=on_cut_tail):
         try:
             check_trajectory_row(row)
         except TrajectoryFormatError as e:

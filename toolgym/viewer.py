@@ -6,8 +6,8 @@ JSON document and renders everything in the browser, lazily, so that thousands o
 * **episodes**: a compact table (task, reward, outcome, turns, tool calls, tokens, tool latency, errors, how it
   ended), sortable by any column (click a header), paged; a click on a row expands that episode only: the
   conversation turn by turn (model text, each tool call with arguments, result, error kind, latency, attempts,
-  per-turn reward), the **loss mask** as decoded runs (model tokens, mask 1, and env tokens, mask 0, in
-  different colours), a **per-token** view (each token with its id, mask and sampling logprob on hover), the
+  per-turn reward and, in GRPO trajectories, the advantage the turn's tokens trained with), the **loss mask** as
+  decoded runs (model tokens, mask 1, and env tokens, mask 0, in different colours), a **per-token** view (each token with its id, mask and sampling logprob on hover), the
   **drift** as an aligned token diff marking the first difference, the prompt and the task row;
 * **tasks**: one row per task (a GRPO group, or the k samples of an eval): episodes, mean reward and its spread,
   successes, pass@1 and pass@k; a click lists that task's episodes;
@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +42,19 @@ from toolgym.trajectory import TrajectoryFileError, read_trajectories
 __all__ = ["TrajectoryFileError", "build_data", "load_trajectory_rows", "render_html", "write_report"]
 
 
-def load_trajectory_rows(path: str | Path) -> list[dict[str, Any]]:
+def load_trajectory_rows(
+    path: str | Path, *, on_cut_tail: Callable[[int, str], None] | None = None
+) -> list[dict[str, Any]]:
     """Read a trajectory JSONL file for the viewer: :func:`toolgym.trajectory.read_trajectories` (every row
-    validated, extra keys kept, rows of older versions lacking optional keys accepted; blank lines skipped).
+    validated, extra keys kept, rows of older versions lacking optional keys accepted; blank lines skipped; with
+    ``on_cut_tail``, a last row cut mid-write is reported to it and the whole rows are kept).
 
     Raises:
         FileNotFoundError / PermissionError / IsADirectoryError: the file cannot be opened.
         TrajectoryFileError: a line is not JSON, not an object, lacks ``completion_ids`` / ``loss_mask`` /
             ``turns``, or has a field of the wrong type or length (the message gives the line and the field).
     """
-    return read_trajectories(path)
+    return read_trajectories(path, on_cut_tail=on_cut_tail)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,20 +147,39 @@ ERROR_KINDS = ("parse_error", "unknown_tool", "invalid_arguments", "timeout", "e
 class _Tables:
     """Deduplicating tables shared by all episodes of a page: prompts, task rows, decoded token strings."""
 
+    #: a decoded prompt shares its start with the last stored one when at least this many characters agree
+    MIN_SHARED = 64
+
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
         self.prompts: list[str] = []
         self.tasks: list[Any] = []
+        #: decoded prompts: a string, or ``[base, n, suffix]`` = the first ``n`` UTF-16 code units of entry
+        #: ``base`` (always a string) + ``suffix``: the system prompt and tool list are stored once, not per task
+        self.ptexts: list[str | list[Any]] = []
         self.vocab: dict[int, str] = {}
         self.split_utf8: set[int] = set()  # ids whose lone decoding is a partial UTF-8 character
         self._index: dict[tuple[str, str], int] = {}
         self._decoded: dict[tuple[int, ...], int] = {}
+        self._base: int | None = None
 
     def decoded_prompt(self, ids: Sequence[int]) -> int:
-        """The index of ``ids`` decoded in the prompt table (each distinct prompt decoded once)."""
+        """The index of ``ids`` decoded in :attr:`ptexts` (each distinct prompt decoded and stored once, its
+        start shared with the last full entry when they agree on at least :attr:`MIN_SHARED` characters)."""
         key = tuple(ids)
         if key not in self._decoded:
-            self._decoded[key] = self.intern("prompt", _decode(self.tok, ids))
+            text = _decode(self.tok, ids)
+            entry: str | list[Any] = text
+            if self._base is not None:
+                base = self.ptexts[self._base]
+                assert isinstance(base, str)
+                n = len(os.path.commonprefix([base, text]))  # noqa: RUF071 - characters, not paths
+                if n >= self.MIN_SHARED:  # lengths in UTF-16 code units: the page slices JS strings
+                    entry = [self._base, len(text[:n].encode("utf-16-le")) // 2, text[n:]]
+            if isinstance(entry, str):
+                self._base = len(self.ptexts)
+            self._decoded[key] = len(self.ptexts)
+            self.ptexts.append(entry)
         return self._decoded[key]
 
     def intern(self, kind: str, value: Any) -> int:
@@ -228,6 +251,10 @@ def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) 
         "ans": _answer(row), "exp": _expected(task), "comps": row.get("reward_components") or {},
         "turns": [_turn_record(t) for t in turns], "ids": ids, "mask": _rle(mask),
     }
+    advs = row.get("turn_advantages")  # written by the GRPO adapter: the advantage each turn's tokens trained with
+    if isinstance(advs, list) and len(advs) == len(turns):
+        for rec, a in zip(ep["turns"], advs, strict=True):
+            rec["adv"] = _num(a)
     if len(ids) != len(mask):
         ep["badmask"] = [len(mask), len(ids)]
     lps = row.get("logprobs")
@@ -256,15 +283,16 @@ def build_data(
     compare: Sequence[Mapping[str, Any]] | None = None,
     labels: Sequence[str] = ("A", "B"),
 ) -> dict[str, Any]:
-    """The JSON document the page embeds: ``{"runs": [{"label", "eps": [...]}, ...], "prompts", "tasks",
-    "vocab" ({id: decoded token}; empty without a tokenizer), "threshold"}`` (one run, or two with ``compare``)."""
+    """The JSON document the page embeds: ``{"runs": [{"label", "eps": [...]}, ...], "prompts" (the user
+    questions), "ptexts" (decoded prompts, see :class:`_Tables`), "tasks", "vocab" ({id: decoded token}; empty
+    without a tokenizer), "threshold"}`` (one run, or two with ``compare``)."""
     tables = _Tables(tokenizer)
     runs = [{"label": labels[0], "eps": [_episode(k, r, tables, success_threshold) for k, r in enumerate(rows)]}]
     if compare is not None:
         runs.append({"label": labels[1],
                      "eps": [_episode(k, r, tables, success_threshold) for k, r in enumerate(compare)]})
     kinds = sorted(set(ERROR_KINDS) | {e for run in runs for ep in run["eps"] for e in ep["errs"]})
-    return {"runs": runs, "prompts": tables.prompts, "tasks": tables.tasks,
+    return {"runs": runs, "prompts": tables.prompts, "ptexts": tables.ptexts, "tasks": tables.tasks,
             "vocab": {str(k): v for k, v in sorted(tables.vocab.items())}, "threshold": success_threshold,
             "error_kinds": kinds, "decoded": tokenizer is not None}
 

@@ -6,8 +6,8 @@
    ``train`` split. It teaches the *format* of a call (``<tool_call>{...}</tool_call>`` then ``<answer>``), not
    yet reliable use: held-out success stays low, which leaves GRPO room to learn.
 3. Held-out evaluation again (same tasks, same seeds); the checkpoint is saved (``warmstart/``).
-4. GRPO through the TRL adapter (:func:`trainers.grpo.build_trainer`, :class:`trainers.rollout_func.ToolgymRollout`)
-   on ``train``-split tasks: the model's own multi-turn episodes, the env's reward. Per step: reward,
+4. GRPO through the algorithm contract (``trainers.ALGORITHMS["grpo"].run``: :mod:`trainers.grpo`,
+   :class:`trainers.rollout_func.ToolgymRollout`) on ``train``-split tasks: the model's own multi-turn episodes, the env's reward. Per step: reward,
    ``frac_reward_zero_std`` (share of groups GRPO cannot learn from), success, tool-call rate, error kinds.
 5. Held-out evaluation again; the paired difference (after GRPO - after warm start, same tasks and seeds) with
    its 95% CI; the final checkpoint (``final/``), a plot (``demo.png``), ``metrics.json`` and every trajectory
@@ -29,20 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from toolgym.eval import paired_difference_ci, wilson_interval
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 __all__ = ["DemoConfig", "main", "run_demo"]
 
@@ -128,20 +120,19 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     phases = Phases()
     phases.mark("load")
-    import gymnasium as gym
     import torch
-    from gymnasium.vector import AutoresetMode
     from transformers import TrainerCallback
-    from trl import GRPOConfig
 
     import toolgym  # noqa: F401
+    from toolgym.envs.registration import make_vector_env
+    from toolgym.eval import oracle_policy
     from toolgym.models import load_model
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from toolgym.tasks import draw_tasks
     from toolgym.trajectory import summarize, write_trajectories
+    from trainers import ALGORITHMS
     from trainers.compact import save_checkpoint
-    from trainers.grpo import ToolgymGRPOArgs, build_trainer
-    from trainers.sft import collect, masked_sft, oracle_policy
+    from trainers.sft import collect, masked_sft
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -156,8 +147,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     pk = prompt_kwargs(cfg.compact_prompt)
     eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs={"tokenizer": tok})
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
-    venv = gym.make_vec(ENV_ID, num_envs=len(eval_tasks), autoreset_mode=AutoresetMode.DISABLED,
-                        split="test", tokenizer=tok, **pk)
+    venv = make_vector_env(ENV_ID, len(eval_tasks), {"split": "test", "tokenizer": tok, **pk})
     prompt_len = len(venv.reset(seed=eval_seeds, options={"tasks": eval_tasks})[0][0])
     print(f"[demo] held-out set: {len(eval_tasks)} distinct Calculator-v0 test tasks, seeds {eval_seeds[0]}.."
           f"{eval_seeds[-1]}, greedy; prompt {'compact' if pk else 'default'} ({prompt_len} tokens)", flush=True)
@@ -193,7 +183,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=cfg.seed + 1, split="train",
                           env_kwargs={"tokenizer": tok})
-    kept, alltr = collect(ENV_ID, oracle_policy(ENV_ID), ws_tasks, seeds=cfg.seed, num_envs=16,
+    kept, alltr = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=cfg.seed, num_envs=16,
                           max_turn_tokens=cfg.max_turn_tokens, env_kwargs={"split": "train", "tokenizer": tok, **pk},
                           trajectory_path=out / "trajectories" / "warmstart_oracle.jsonl")
     n_tok = sum(sum(t.loss_mask) for t in kept)
@@ -225,6 +215,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     last = [time.perf_counter()]
 
     class StepPrinter(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            last[0] = time.perf_counter()
+
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if not logs or "reward" not in logs:
                 return
@@ -244,29 +237,29 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                   f"{row['tool_call_rate']:.2f}  errors/ep: {err_s}  ({row['step_s']:.0f} s)", flush=True)
 
     bs = cfg.grpo_num_generations * cfg.grpo_prompts_per_step
-    args = GRPOConfig(
-        output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
-        per_device_train_batch_size=min(bs, cfg.train_micro_batch_size or bs), generation_batch_size=bs,
-        gradient_accumulation_steps=bs // min(bs, cfg.train_micro_batch_size or bs),
-        num_generations=cfg.grpo_num_generations,
-        max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
-        beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
-        use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+    grpo = ALGORITHMS["grpo"]
+    grpo_cfg = grpo.Config(
+        env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
+        trajectory_dir=str(out / "trajectories" / "grpo"), save_model=False,  # saved below, with the template
+        trl=dict(
+            output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
+            per_device_train_batch_size=min(bs, cfg.train_micro_batch_size or bs), generation_batch_size=bs,
+            gradient_accumulation_steps=bs // min(bs, cfg.train_micro_batch_size or bs),
+            num_generations=cfg.grpo_num_generations,
+            max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
+            beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
+            use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+        ),
     )
-    tg = ToolgymGRPOArgs(env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
-                         trajectory_dir=str(out / "trajectories" / "grpo"))
     grpo_tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=cfg.seed + 2, split="train", env_kwargs={"tokenizer": tok})
     print(f"[demo] GRPO: {cfg.grpo_steps} steps x {cfg.grpo_prompts_per_step} train tasks x "
           f"{cfg.grpo_num_generations} samples (temperature {cfg.grpo_temperature:g}, lr {cfg.grpo_lr:g}, "
           f"beta {cfg.grpo_beta:g}) through trainers.rollout_func.ToolgymRollout", flush=True)
     model.train()
-    trainer, _ = build_trainer(tg, args, model=model, tokenizer=tok, tasks=grpo_tasks, callbacks=[StepPrinter()])
-    last[0] = time.perf_counter()
-    trainer.train()
+    grpo.run(grpo_cfg, model=model, tokenizer=tok, tasks=grpo_tasks, callbacks=[StepPrinter()])
     model.eval()
-    del trainer  # its optimizer state (2 x the weights) is not needed by the last evaluation
-    model.zero_grad(set_to_none=True)
+    model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")

@@ -1,143 +1,153 @@
-"""GRPO with TRL through the toolgym adapter.
+"""GRPO: TRL's GRPOTrainer on the model's own multi-turn episodes (rollout_func adapter, env reward).
 
-Launch (any accelerate config; see ``docs/training.md``)::
+Run (``toolgym train grpo``; any accelerate config, see ``docs/training.md``)::
 
-    accelerate launch trainers/grpo.py --config trainers/configs/demo_cpu.yaml
-    accelerate launch --config_file trainers/configs/accelerate_zero3.yaml trainers/grpo.py \\
+    toolgym train grpo --config trainers/configs/grpo_calculator_cpu.yaml [--max_steps 2 ...]
+    accelerate launch --config_file trainers/configs/accelerate_zero3.yaml -m trainers.cli grpo \\
         --config trainers/configs/qwen3_4b_search_8xa100.yaml
 
-The YAML file has a ``toolgym:`` section (:class:`ToolgymGRPOArgs`) and everything else is ``trl.GRPOConfig``
-fields. Pass ``rollout_func`` alone (no ``tools``/``environment_factory``: TRL would ignore ``env_mask``).
+In Python: ``run(Config(env_id=..., trl={"max_steps": 2, ...}))``. The config file's top-level keys are
+``trl.GRPOConfig`` fields (:attr:`Config.trl`) and its ``toolgym:`` section holds the other :class:`Config` fields.
+Seams for variants of GRPO: :func:`trainer_class` (which ``GRPOTrainer`` class to build, e.g. a subclass with
+another advantage estimator) and :func:`build_trainer` (the trainer wired to the env). Only ``rollout_func`` is
+passed to TRL (no ``tools``/``environment_factory``: TRL would ignore ``env_mask``).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python trainers/grpo.py` / `accelerate launch trainers/grpo.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from trainers.contract import RunResult
+from trainers.runconfig import opt
 
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-__all__ = ["ToolgymGRPOArgs", "build_trainer", "env_tasks", "load_config", "main"]
+__all__ = ["Config", "build_trainer", "run", "trainer_class"]
 
 
 @dataclass
-class ToolgymGRPOArgs:
-    """The ``toolgym:`` section of a GRPO config file.
+class Config:
+    """A GRPO run: the toolgym fields (a config file's ``toolgym:`` section) and TRL's ``GRPOConfig`` (``trl``)."""
 
-    Attributes:
-        model: model path / hub id; ``None`` = the embedded SmolLM2-135M-Instruct.
-        dtype: weights dtype (``float32``, ``bfloat16``).
-        env_id: toolgym env id.
-        env_kwargs: forwarded to the env (e.g. ``{"split": "train"}``, a retriever URL, ``template_kwargs``).
-        num_train_tasks: distinct tasks drawn from the env for the dataset (:func:`env_tasks`; all of a
-            dataset-backed split when it has fewer).
-        task_seed: first seed for drawing tasks.
-        max_turn_tokens: tokens sampled per assistant turn.
-        trajectory_dir: where the adapter appends trajectories (``None``: not saved).
-        schedule: ``lockstep`` (required with several processes) or ``continuous``.
-        threads: torch CPU threads per process (``0``: leave torch's default).
-    """
+    model: str | None = opt(None, "model path / hub id; null = the embedded SmolLM2-135M-Instruct; "
+                                  "'tiny' = a tiny random model (smoke tests)")
+    dtype: str = opt("float32", "weights dtype (float32, bfloat16)")
+    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
+    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "keyword arguments of the env, e.g. {split: train}, a retriever URL, template_kwargs"})
+    num_train_tasks: int = opt(256, "distinct tasks drawn from the env for the dataset (toolgym.tasks.draw_tasks; "
+                                    "all of a dataset-backed split when it has fewer)")
+    task_seed: int = opt(0, "seed drawing the training tasks")
+    dataset_repeat: int = opt(1, "times the task list is repeated in the training dataset TRL samples prompts from "
+                                 "(a longer run before an epoch ends; changes TRL's shuffled prompt order)")
+    max_turn_tokens: int = opt(128, "tokens sampled per assistant turn")
+    trajectory_dir: str | None = opt(None, "directory the adapter appends trajectory JSONL to (null: not saved)")
+    schedule: str = opt("lockstep", "lockstep (required with several processes) or continuous")
+    threads: int = opt(0, "torch CPU threads per process (0: torch's default)")
+    save_model: bool = opt(True, "save the trained model and tokenizer to trl.output_dir")
+    advantage: str = opt("outcome", "credit assignment: outcome (one advantage per episode: TRL's GRPO, the "
+                                    "default) | turn_return (each turn's tokens get its discounted reward-to-go "
+                                    "minus a per-turn-index group baseline) | gigpo (episode advantage + a step "
+                                    "advantage among turns from the same env state); trainers/turn_grpo.py")
+    gamma: float = opt(1.0, "per-turn discount of the turn_return / gigpo returns, in (0, 1]")
+    trl: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
+                "...); a trl.GRPOConfig object is accepted too", "trl_config": "GRPOConfig"})
 
-    model: str | None = None
-    dtype: str = "float32"
-    env_id: str = "toolgym/Calculator-v0"
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
-    num_train_tasks: int = 256
-    task_seed: int = 0
-    max_turn_tokens: int = 128
-    trajectory_dir: str | None = None
-    schedule: str = "lockstep"
-    threads: int = 0
+    def __post_init__(self) -> None:
+        from trainers.credit import check_estimator
 
-
-def load_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> tuple[ToolgymGRPOArgs, Any]:
-    """Read a YAML config: ``(ToolgymGRPOArgs, trl.GRPOConfig)``. Unknown ``toolgym`` keys raise."""
-    import yaml
-    from trl import GRPOConfig
-
-    with open(path) as fh:
-        raw = yaml.safe_load(fh) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: the config must be a YAML mapping")
-    raw.update(overrides or {})
-    tg = dict(raw.pop("toolgym", {}) or {})
-    known = {f.name for f in fields(ToolgymGRPOArgs)}
-    unknown = set(tg) - known
-    if unknown:
-        raise ValueError(f"{path}: unknown toolgym keys {sorted(unknown)}; known: {sorted(known)}")
-    return ToolgymGRPOArgs(**tg), GRPOConfig(**raw)
+        check_estimator(self.advantage)
+        if not 0.0 < float(self.gamma) <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
-def env_tasks(env_id: str, n: int, *, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None) -> list[dict]:
-    """``n`` distinct task rows of ``env_id`` built with ``env_kwargs``: :func:`toolgym.tasks.draw_tasks` (a seeded
-    permutation of a dataset-backed split, all of it when it has fewer; distinct draws of a generated split's
-    seeded task generator)."""
-    from toolgym.tasks import draw_tasks
+def trainer_class(config: Config) -> type:
+    """The trainer class :func:`build_trainer` builds: :class:`trainers.turn_grpo.TurnCreditGRPOTrainer`, TRL's
+    ``GRPOTrainer`` with the advantage estimator ``config.advantage`` (``outcome``: TRL's own numbers, untouched)."""
+    from trainers.turn_grpo import TurnCreditGRPOTrainer
 
-    return draw_tasks(env_id, n, seed=seed, env_kwargs=env_kwargs)
+    return TurnCreditGRPOTrainer
 
 
 def build_trainer(
-    tg: ToolgymGRPOArgs, args: Any, *, model: Any = None, tokenizer: Any = None,
+    config: Config, *, model: Any = None, tokenizer: Any = None,
     tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = (),
 ) -> tuple[Any, Any]:
-    """A ``GRPOTrainer`` wired to a :class:`~trainers.rollout_func.ToolgymRollout`; returns ``(trainer, rollout)``."""
-    import torch
-    from trl import GRPOTrainer
+    """The trainer (:func:`trainer_class`) wired to a :class:`~trainers.rollout_func.ToolgymRollout`; returns
+    ``(trainer, rollout)``.
 
-    from toolgym.models import load_model
+    ``model``/``tokenizer`` default to ``config.model`` (:func:`trainers.contract.load_policy`); ``tasks`` to
+    ``config.num_train_tasks`` tasks drawn with :func:`toolgym.tasks.draw_tasks`; ``callbacks`` go to the trainer
+    before the MLflow ones (``report_to: mlflow``).
+    """
+    from toolgym.tasks import draw_tasks
+    from trainers.contract import load_policy
+    from trainers.is_metrics import add_is_metrics
+    from trainers.preflight import check_report_to, check_server_hosts, ensure_model_dir, needs_model_dir, num_machines
     from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
+    from trainers.runconfig import trl_config
     from trainers.tracking import mlflow_callbacks
 
+    args = trl_config("GRPOConfig", config.trl)
+    check_report_to(args.report_to)  # a missing tracker: one clear error naming its extra, before any loading
+    check_server_hosts(args, num_machines())  # several nodes: the vLLM server host must not be loopback
     if model is None:
-        model, tokenizer = load_model(tg.model, dtype=getattr(torch, tg.dtype))
-    env_kwargs = dict(tg.env_kwargs)
+        model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
+    if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM
+        ensure_model_dir(model, tokenizer, Path(args.output_dir) / "base_model")
+    env_kwargs = dict(config.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
     if tasks is None:
-        tasks = env_tasks(tg.env_id, tg.num_train_tasks, seed=tg.task_seed, env_kwargs=env_kwargs)
+        tasks = draw_tasks(config.env_id, config.num_train_tasks, seed=config.task_seed, env_kwargs=env_kwargs)
     rollout = ToolgymRollout(
-        tg.env_id, tasks, env_kwargs=env_kwargs, max_turn_tokens=tg.max_turn_tokens,
-        trajectory_dir=tg.trajectory_dir, schedule=tg.schedule,
+        config.env_id, tasks, env_kwargs=env_kwargs, max_turn_tokens=config.max_turn_tokens,
+        trajectory_dir=config.trajectory_dir, schedule=config.schedule,
     )
-    trainer = GRPOTrainer(
+    trainer = trainer_class(config)(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
-        train_dataset=make_dataset(tasks), rollout_func=rollout,
-        callbacks=[*callbacks, *mlflow_callbacks(tg, args)],  # report_to mlflow: toolgym config, tags, lineage
+        train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
+        callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
+        advantage=config.advantage, gamma=config.gamma,
     )
+    add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
     return trainer, rollout
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
+def run(config: Config, *, model: Any = None, tokenizer: Any = None,
+        tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = ()) -> RunResult:
+    """Train with GRPO (:func:`build_trainer`), then save the model and tokenizer to ``trl.output_dir`` (when
+    ``save_model``). ``model``/``tokenizer``/``tasks``/``callbacks``: as :func:`build_trainer` (in-process callers
+    such as the demo); the model is trained in place.
 
-    ap = argparse.ArgumentParser(description="GRPO on a toolgym env through TRL's rollout_func")
-    ap.add_argument("--config", required=True, help="YAML: a `toolgym:` section + trl.GRPOConfig fields")
-    ap.add_argument("--max-steps", type=int, default=None, help="override max_steps")
-    ap.add_argument("--output-dir", default=None, help="override output_dir")
-    a = ap.parse_args(argv)
-    overrides: dict[str, Any] = {}
-    if a.max_steps is not None:
-        overrides["max_steps"] = a.max_steps
-    if a.output_dir is not None:
-        overrides["output_dir"] = a.output_dir
-    tg, args = load_config(a.config, overrides)
-    if tg.threads:
-        import torch
+    ``metrics``: ``global_step`` and TRL's ``log_history`` (per logged step: ``reward``, ``toolgym/success``, ...).
+    """
+    from trainers.contract import prepare
 
-        torch.set_num_threads(tg.threads)
-    trainer, rollout = build_trainer(tg, args)
-    trainer.train()
-    trainer.save_model(args.output_dir)
-    rollout.close()
+    prepare(threads=config.threads)
+    trainer, rollout = build_trainer(config, model=model, tokenizer=tokenizer, tasks=tasks, callbacks=callbacks)
+    args = trainer.args
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    model_dir = None
+    if config.save_model:
+        trainer.save_model(args.output_dir)
+        if trainer.accelerator.is_main_process:
+            trainer.processing_class.save_pretrained(args.output_dir)
+        model_dir = str(args.output_dir)
     trainer.accelerator.end_training()  # trackers, and the process group: a rank must not exit with gloo running
+    artifacts = {"trajectories": str(config.trajectory_dir)} if config.trajectory_dir else {}
+    return RunResult("grpo", str(args.output_dir), model_dir,
+                     {"global_step": int(trainer.state.global_step), "log_history": list(trainer.state.log_history)},
+                     artifacts)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m trainers.grpo ...` = `toolgym train grpo ...`
+    import sys
+
+    from trainers.cli import main as _main
+
+    sys.exit(_main(["grpo", *sys.argv[1:]]))

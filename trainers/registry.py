@@ -38,13 +38,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli import CLIError, ExitCode
+from toolgym.errors import CLIError, ExitCode
+from trainers.promotion import _short, compare, decide
+from trainers.store import check_store_writable, store_lock
 from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
 
 __all__ = [
     "EVAL_KEYS",
     "RegistryError",
     "attach_eval",
+    "compare",
     "list_versions",
     "load_eval",
     "main",
@@ -146,10 +149,6 @@ def load_eval(path: str | Path, *, env_id: str | None = None) -> dict[str, Any]:
     return ev
 
 
-def _short(env_id: Any) -> str:
-    return str(env_id).split("/", 1)[-1]
-
-
 def _eval_tags(ev: Mapping[str, Any]) -> dict[str, str]:
     ci = ev.get("success_ci95")
     tags = {"eval.env_id": str(ev["env_id"]), "eval.split": str(ev["split"]), "eval.n_tasks": str(ev["n_tasks"]),
@@ -179,12 +178,18 @@ def _eval_metrics(ev: Mapping[str, Any]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _client() -> Any:
-    """An ``MlflowClient`` on the configured store (exit 4 when a server is unreachable)."""
+def _client(*, write: bool = False) -> Any:
+    """An ``MlflowClient`` on the configured store (exit 4 when a server is unreachable; ``write``: exit 3 for a
+    read-only store, before anything is tried). A fresh store's model registry is set up under the store lock."""
     uri = configure_mlflow()
+    if write:
+        check_store_writable(uri)
     import mlflow
 
-    return mlflow.MlflowClient(uri)
+    with store_lock(uri):
+        client = mlflow.MlflowClient(uri)
+        client.search_registered_models(max_results=1)  # the registry's tables exist before anyone races to use them
+    return client
 
 
 def _not_found(e: Exception) -> bool:
@@ -245,7 +250,7 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
     ev = load_eval(eval_path, env_id=lineage.get("env_id")) if eval_path is not None else None
     if ev is not None and not lineage.get("env_id"):
         lineage["env_id"] = ev["env_id"]
-    client = _client()
+    client = _client(write=True)
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -314,7 +319,7 @@ def attach_eval(name: str, version: str | int, eval_path: str | Path) -> dict[st
     """Attach (or replace) the held-out evaluation of an existing version: the JSON goes to its registration run,
     the scores to its tags. The evaluation must be of the version's env."""
     ev = load_eval(eval_path)  # exit 3 before touching the store
-    client = _client()
+    client = _client(write=True)
     mv = _get_version(client, name, version)
     env = mv.tags.get("toolgym.env_id")
     if env and _short(env) != _short(ev["env_id"]):
@@ -387,75 +392,52 @@ def _version_eval(client: Any, mv: Any) -> dict[str, Any] | None:
         return json.loads(Path(path).read_text())
 
 
-def compare(champion: Mapping[str, Any], challenger: Mapping[str, Any]) -> dict[str, Any]:
-    """Paired comparison of two evaluations on the same env, split and task set: per-task success aligned by
-    task id, ``toolgym.eval.paired_difference_ci(before=champion, after=challenger)``. Returns ``{"comparable":
-    bool, "why": str, "mean", "lo", "hi", "n"}``; ``better`` is ``lo > 0``."""
-    for key in ("env_id", "split"):
-        if _short(champion[key]) != _short(challenger[key]):
-            return {"comparable": False, "better": False,
-                    "why": f"different {key}: {challenger[key]} vs the champion's {champion[key]}"}
-    a = {str(t): float(s) for t, s in zip(champion["task_ids"], champion["per_task_success"], strict=True)}
-    b = {str(t): float(s) for t, s in zip(challenger["task_ids"], challenger["per_task_success"], strict=True)}
-    if set(a) != set(b):
-        return {"comparable": False, "better": False,
-                "why": f"different task sets ({len(b)} tasks, {len(set(a) & set(b))} shared with the champion's "
-                       f"{len(a)}): evaluate both on the same tasks (`toolgym registry attach-eval`)"}
-    from toolgym.eval import paired_difference_ci
-
-    ids = sorted(a)
-    ci = paired_difference_ci([a[t] for t in ids], [b[t] for t in ids])
-    better = float(ci["lo"]) > 0
-    return {"comparable": True, "better": better, "mean": float(ci["mean"]), "lo": float(ci["lo"]),
-            "hi": float(ci["hi"]), "n": int(ci["n"]),
-            "why": f"paired difference {ci['mean']:+.3f}, 95% CI [{ci['lo']:+.3f}, {ci['hi']:+.3f}] over "
-                   f"{ci['n']} tasks" + ("" if better else " includes or is below 0")}
-
-
 def promote(name: str, version: str | int, alias: str = "champion", *, force: bool = False,
             reason: str | None = None) -> dict[str, Any]:
     """Move ``alias`` to ``version`` when it beats the alias's current holder on the same evaluation (see
     :func:`compare`); a version with no holder to beat needs an evaluation. ``force`` (with a ``reason``) moves it
     anyway. The decision is recorded as the version tag ``toolgym.promoted.<alias>``.
 
+    The move is a compare-and-set: under the store's lock (:func:`trainers.store.store_lock`) the alias is moved
+    only if it still names the holder the decision was made against; if another promotion moved it meanwhile, the
+    decision is made again against the new holder (so two promotions at once never both win against the same old
+    holder, and the alias never lands on a version that does not beat the one it replaces).
+
     Returns ``{"promoted": True, "from": old_version|None, "to": version, ...comparison}``.
 
     Raises:
-        RegistryError: exit 2 (unknown model/version, ``--force`` without ``--reason``), exit 1 (refused: why).
+        RegistryError: exit 2 (unknown model/version, ``--force`` without ``--reason``), exit 1 (refused: why),
+            exit 3 (a read-only store).
     """
     if force and not (reason or "").strip():
         raise RegistryError("--force needs --reason TEXT (recorded with the promotion)", ExitCode.USAGE)
     if not alias or not alias.replace("_", "").replace("-", "").isalnum():
         raise RegistryError(f"bad alias {alias!r}", ExitCode.USAGE)
-    client = _client()
+    client = _client(write=True)
     mv = _get_version(client, name, version)
-    model = _get_model(client, name)
-    holder = (model.aliases or {}).get(alias)
-    if holder is not None and str(holder) == str(mv.version):
-        return {"promoted": False, "from": int(holder), "to": int(mv.version), "why": f"v{holder} already is {alias}"}
-    new_ev = _version_eval(client, mv)
-    result: dict[str, Any]
-    if holder is None:
-        result = {"comparable": True, "better": new_ev is not None,
-                  "why": "no current holder" if new_ev is not None else f"v{mv.version} has no evaluation"}
-    elif new_ev is None:
-        result = {"comparable": False, "better": False, "why": f"v{mv.version} has no evaluation "
-                  "(`toolgym registry attach-eval`)"}
-    else:
-        old_ev = _version_eval(client, client.get_model_version(name, str(holder)))
-        result = (compare(old_ev, new_ev) if old_ev is not None else
-                  {"comparable": False, "better": False, "why": f"the {alias} v{holder} has no evaluation"})
-    if not result["better"] and not force:
-        who = f"the {alias} v{holder}" if holder is not None else f"{alias}"
-        raise RegistryError(f"refused: {name} v{mv.version} does not beat {who}: {result['why']} "
-                            "(--force --reason TEXT to override)", ExitCode.FAILURE)
-    record = {"from": None if holder is None else int(holder), "at": int(time.time()), "forced": bool(force
-              and not result["better"]), **{k: v for k, v in result.items() if k != "better"}}
-    if record["forced"]:
-        record["reason"] = reason
-    client.set_registered_model_alias(name, alias, mv.version)
-    client.set_model_version_tag(name, mv.version, f"toolgym.promoted.{alias}", json.dumps(record))
-    return {"promoted": True, "to": int(mv.version), **record}
+    holder = (_get_model(client, name).aliases or {}).get(alias)
+    for _ in range(_CAS_ATTEMPTS):
+        if holder is not None and str(holder) == str(mv.version):
+            return {"promoted": False, "from": int(holder), "to": int(mv.version),
+                    "why": f"v{holder} already is {alias}"}  # fmt: skip
+        new_ev = _version_eval(client, mv)
+        old_ev = None if holder is None else _version_eval(client, client.get_model_version(name, str(holder)))
+        try:
+            record = decide(name, mv.version, alias, holder, new_ev, old_ev, force=force, reason=reason)
+        except CLIError as e:  # refused (exit 1)
+            raise RegistryError(e.message, e.code) from None
+        with store_lock(tracking_uri()):
+            now = (_get_model(client, name).aliases or {}).get(alias)
+            if str(now) == str(holder):  # still the holder the decision was made against: set it
+                client.set_registered_model_alias(name, alias, mv.version)
+                client.set_model_version_tag(name, mv.version, f"toolgym.promoted.{alias}", json.dumps(record))
+                return {"promoted": True, "to": int(mv.version), **record}
+        holder = now  # another promotion moved it meanwhile: decide again against the new holder
+    raise RegistryError(f"{name}@{alias} kept moving during {_CAS_ATTEMPTS} attempts (concurrent promotions); "
+                        "try again", ExitCode.FAILURE)
+
+
+_CAS_ATTEMPTS = 5
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -581,7 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     return ExitCode.OK
 
 
-if __name__ == "__main__":
-    from toolgym.cli import main as _toolgym_main
-
-    sys.exit(_toolgym_main(["registry", *sys.argv[1:]]))
+if __name__ == "__main__":  # `python -m trainers.registry ...` = `toolgym registry ...`
+    try:
+        sys.exit(main())
+    except CLIError as _e:
+        print(f"toolgym: error: {_e.message}", file=sys.stderr)
+        sys.exit(int(_e.code))

@@ -1,5 +1,6 @@
-"""Train a reward model on env-labelled trajectories (TRL ``RewardTrainer``), and measure its agreement with the
-env's own reward.
+"""Reward model: a sequence scorer trained on env-labelled episodes (TRL ``RewardTrainer``), checked against the env.
+
+Train a reward model on env-labelled trajectories and measure its agreement with the env's own reward.
 
 * **Labels** come from the env: each trajectory's ``reward`` (the rule or tool-verified reward it earned).
   :func:`reward_pairs` turns them into Bradley-Terry pairs: a higher-reward episode (chosen) against a
@@ -18,9 +19,9 @@ env's own reward.
   statistic computed exactly over all (positive, negative) pairs (ties count one half): one formula, so no
   scikit-learn dependency.
 
-Run::
+Run (:class:`Config`, :func:`run`)::
 
-    python -m trainers.reward_model --train_trajectories runs/x/train.jsonl --heldout_trajectories runs/x/test.jsonl \\
+    toolgym train reward_model --train_trajectories runs/x/train.jsonl --heldout_trajectories runs/x/test.jsonl \\
         --output_dir runs/rm [--model runs/demo/warmstart] [--max_steps 50]
 """
 
@@ -28,32 +29,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python trainers/reward_model.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-from toolgym.trajectory import Trajectory  # noqa: E402
-from trainers.runconfig import config_from_argv, opt  # noqa: E402
+from toolgym.trajectory import Trajectory
+from trainers.contract import RunResult
+from trainers.runconfig import opt
 
 __all__ = [
-    "RewardModelRunConfig",
+    "Config",
     "agreement",
     "evaluate_agreement",
     "load_reward_base",
-    "main",
     "reward_pairs",
     "roc_auc",
-    "run_reward_model",
+    "run",
     "train_reward_model",
 ]
 
@@ -90,7 +84,7 @@ def reward_pairs(
     pair. Within a task: :func:`trainers.dpo.make_pairs` with ``pairs_per_task``. ``max_pairs`` caps the total.
     """
     if within_task:
-        from trainers.dpo import make_pairs
+        from trainers.pairs import make_pairs
 
         rows = [{"chosen_ids": p["prompt_ids"] + p["chosen_ids"], "rejected_ids": p["prompt_ids"] + p["rejected_ids"],
                  "chosen_reward": p["chosen_reward"], "rejected_reward": p["rejected_reward"]}
@@ -250,8 +244,8 @@ def evaluate_agreement(
 
 
 @dataclass
-class RewardModelRunConfig:
-    """A reward-model run (YAML keys = field names; every field is also a ``--field value`` flag)."""
+class Config:
+    """A reward-model run (``toolgym train reward_model``): config file keys = these fields."""
 
     train_trajectories: str = opt("", "trajectory JSONL file(s) with env rewards to train on (comma-separated)")
     heldout_trajectories: str | None = opt(None, "trajectory JSONL file(s) to measure agreement on (never trained on)")
@@ -277,14 +271,16 @@ def _read(files: str) -> list[dict[str, Any]]:
     return [row for f in files.split(",") if f.strip() for row in read_trajectories(f.strip())]
 
 
-def run_reward_model(cfg: RewardModelRunConfig, *, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
-    """Train (and, with ``heldout_trajectories``, evaluate) a reward model; returns the summary also written to
-    ``output_dir/rm_summary.json``."""
-    import torch
+def run(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> RunResult:
+    """Train (and, with ``heldout_trajectories``, evaluate) a reward model, saved to ``output_dir``.
+
+    ``metrics``: episodes, pairs, per-step loss and accuracy, ``heldout`` agreement (:func:`agreement`), wall time
+    (also written to ``output_dir/rm_summary.json``).
+    """
+    from trainers.contract import prepare
 
     t0 = time.perf_counter()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    prepare(threads=cfg.threads, seed=cfg.seed)
     if not cfg.train_trajectories:
         raise ValueError("train_trajectories is required")
     train = _read(cfg.train_trajectories)
@@ -310,14 +306,13 @@ def run_reward_model(cfg: RewardModelRunConfig, *, model: Any = None, tokenizer:
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "rm_summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+    return RunResult("reward_model", cfg.output_dir, cfg.output_dir, summary,
+                     {"summary": str(Path(cfg.output_dir) / "rm_summary.json")})
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m trainers.reward_model --config FILE [--field value ...]`` (fields: :class:`RewardModelRunConfig`)."""
-    cfg = config_from_argv(RewardModelRunConfig, argv, "Train a reward model on env-labelled toolgym trajectories")
-    run_reward_model(cfg)
+if __name__ == "__main__":  # `python -m trainers.reward_model ...` = `toolgym train reward_model ...`
+    import sys
 
+    from trainers.cli import main as _main
 
-if __name__ == "__main__":
-    main()
+    sys.exit(_main(["reward_model", *sys.argv[1:]]))

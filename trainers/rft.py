@@ -3,45 +3,41 @@
 Each round: sample ``k`` episodes per training task from the current model (temperature > 0), keep those whose
 reward clears ``threshold`` (optionally only the best per task), fine-tune on the kept episodes with the env's
 loss mask (:func:`trainers.sft.masked_sft`: only tokens the model sampled are trained), repeat. Oracle SFT
-(:func:`trainers.sft.train_sft` with :func:`trainers.sft.oracle_policy`) is behaviour cloning; RFT only ever
+(:mod:`trainers.sft` with :func:`toolgym.eval.oracle_policy`) is behaviour cloning; RFT only ever
 trains on what the model itself wrote, so it needs a model that sometimes succeeds (e.g. after a short warm start).
 
 Per round it reports: sampled episodes, mean sampled reward, the share of tasks with at least one kept sample,
 kept episodes, SFT steps and loss, and (``eval_tasks > 0``) held-out greedy success on the ``eval_split``.
 
-CLI::
+Run (:class:`Config`, :func:`run`)::
 
-    python -m trainers.rft --model runs/demo/warmstart --rounds 2 --tasks 64 --k 4 --output-dir runs/rft
+    toolgym train rft --model runs/demo/warmstart --rounds 2 --tasks 64 --k 4 --output_dir runs/rft
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from trainers.contract import RunResult
+from trainers.runconfig import opt
 
-from trainers.runconfig import opt  # noqa: E402
-
-__all__ = ["RFTConfig", "main", "rft_round", "run_rft", "select_samples"]
+__all__ = ["Config", "rft_round", "run", "select_samples"]
 
 
 @dataclass
-class RFTConfig:
-    """Rejection-sampling fine-tuning (``python -m trainers.rft``; ``toolgym train rft``)."""
+class Config:
+    """Rejection-sampling fine-tuning (``toolgym train rft``): config file keys = these fields."""
 
     env_id: str = opt("toolgym/Calculator-v0", "toolgym env id to sample episodes from")
     env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "extra env kwargs (JSON on the command line), e.g. {\"max_turns\": 3}"})
+        "help": "extra env kwargs, e.g. {max_turns: 3}"})
     model: str | None = opt(None, "model directory / hub id / .gguf (default: the embedded SmolLM2-135M)")
     output_dir: str = opt("runs/rft", "where the model, rft_log.json and trajectories are written")
     split: str = opt("train", "split the training tasks are drawn from (never the eval split)")
@@ -136,24 +132,23 @@ def rft_round(
     return kept, sampled, stats
 
 
-def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run ``cfg.rounds`` RFT rounds; returns ``{"config", "rounds": [stats...], "model_dir"}`` (also written to
-    ``output_dir/rft_log.json``). ``model``/``tokenizer`` override ``cfg.model``; the model is trained in place."""
-    import torch
+def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
+        log: Callable[[str], None] = print) -> RunResult:
+    """Run ``cfg.rounds`` RFT rounds. ``model``/``tokenizer`` override ``cfg.model``; the model is trained in place.
 
-    from toolgym.models import load_model
+    ``metrics``: ``{"config", "rounds": [stats...], "eval_before"?}`` (also written to ``output_dir/rft_log.json``);
+    ``artifacts``: ``kept_round{r}`` (each round's kept episodes, JSONL) and ``log``.
+    """
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from toolgym.tasks import draw_tasks
     from toolgym.trajectory import summarize, write_trajectories
+    from trainers.contract import load_policy, prepare
 
     if cfg.split == cfg.eval_split and cfg.eval_tasks > 0:
         raise ValueError(f"RFT trains on split {cfg.split!r} and evaluates on it: use a held-out eval_split")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
+    prepare(threads=cfg.threads, seed=cfg.seed)
     if model is None:
-        model, tokenizer = load_model(cfg.model)
+        model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"split": cfg.split, **cfg.env_kwargs}
@@ -173,6 +168,7 @@ def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
         return {"success": s["success"], "tool_call_rate": s["tool_call_rate"], "n_tasks": s["episodes"]}
 
     result: dict[str, Any] = {"config": dataclasses.asdict(cfg), "rounds": []}
+    artifacts: dict[str, str] = {}
     if eval_tasks:
         result["eval_before"] = evaluate()
         log(f"[rft] held-out before: success {result['eval_before']['success']:.1%}")
@@ -184,6 +180,7 @@ def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
             seed=cfg.seed + r, env_kwargs=env_kwargs, num_envs=cfg.num_envs,
         )
         write_trajectories(out / f"round{r}_kept.jsonl", kept)
+        artifacts[f"kept_round{r}"] = str(out / f"round{r}_kept.jsonl")
         stats["round"] = r + 1
         if eval_tasks:
             stats["eval"] = evaluate()
@@ -193,38 +190,19 @@ def run_rft(cfg: RFTConfig, *, model: Any = None, tokenizer: Any = None,
         log(f"[rft] round {r + 1}/{cfg.rounds}: sampled {stats['sampled']} (mean reward "
             f"{stats['sample_reward']:.2f}), tasks with >= 1 kept {stats['tasks_with_kept']:.0%}, kept "
             f"{stats['kept']}, {stats['sft_steps']} SFT steps (loss {loss}){ev}  ({stats['wall_s']:.0f} s)")
+    model_dir = None
     if cfg.save:
         from trainers.compact import save_checkpoint
 
         save_checkpoint(model, tokenizer, out)
-        result["model_dir"] = str(out)
+        model_dir = str(out)
     (out / "rft_log.json").write_text(json.dumps(result, indent=2, default=str))
-    return result
+    return RunResult("rft", str(out), model_dir, result, {**artifacts, "log": str(out / "rft_log.json")})
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m trainers.rft", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(RFTConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        help_ = f.metadata.get("help", "")
-        if isinstance(default, bool):
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
-        elif isinstance(default, dict):
-            ap.add_argument(flag, type=json.loads, default=default, help=help_)
-        else:
-            typ = str if default is None else type(default)
-            ap.add_argument(flag, type=typ, default=default, help=help_)
-    return ap
+if __name__ == "__main__":  # `python -m trainers.rft ...` = `toolgym train rft ...`
+    import sys
 
+    from trainers.cli import main as _main
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """``python -m trainers.rft [--field value ...]``: every :class:`RFTConfig` field is a flag."""
-    a = _parser().parse_args(argv)
-    cfg = RFTConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(RFTConfig)})
-    return run_rft(cfg)
-
-
-if __name__ == "__main__":
-    main()
+    sys.exit(_main(["rft", *sys.argv[1:]]))

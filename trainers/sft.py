@@ -1,73 +1,42 @@
-"""RFT / SFT on trajectories: roll out (any policy, including a scripted oracle), keep the episodes whose reward
-clears a threshold, and fine-tune on them with the env's loss mask (only tokens the policy sampled are trained).
+"""SFT: fine-tune on env episodes above a reward threshold (the env's oracle by default), env tokens masked.
+
+Roll out a policy, keep the episodes whose reward clears a threshold, fine-tune on them with the env's loss mask
+(only tokens the policy sampled are trained).
 
 The fine-tuning itself is TRL's ``SFTTrainer`` on a pre-tokenised dataset: ``input_ids`` = prompt + completion
 and ``assistant_masks`` = 0 on the prompt, then the trajectory's ``loss_mask`` (TRL turns mask-0 positions into
 label -100). Nothing is re-tokenised: the ids are the env's.
 
-CLI (RFT with the oracle on Calculator-v0, then save)::
+The algorithm (:class:`Config`, :func:`run`; oracle episodes, TRL ``SFTTrainer``)::
 
-    python -m trainers.sft --env toolgym/Calculator-v0 --episodes 64 --output-dir runs/sft
+    toolgym train sft --config trainers/configs/sft_calculator_cpu.yaml [--toolgym.episodes 32 --max_steps 8]
+
+The pieces are shared: :func:`collect` (rejection sampling), :func:`masked_sft` (the fast masked-SFT loop of RFT,
+the demo's warm start and the benchmarks), :func:`train_sft` (``SFTTrainer`` on trajectories).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.rollout import EpisodeState, Policy, RolloutDriver, ScriptedPolicy, summarize
+from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
+from trainers.contract import RunResult
+from trainers.runconfig import opt
 
 __all__ = [
-    "ORACLES",
-    "calculator_oracle",
+    "Config",
     "collect",
     "masked_sft",
     "masked_sft_loss",
-    "oracle_policy",
     "pad_sft_batch",
+    "run",
     "sft_dataset",
     "train_sft",
 ]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Oracles
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def env_oracle(state: EpisodeState) -> str:
-    """The episode env's own oracle: ``state.env.oracle(state)`` (every built-in env defines one; see
-    :meth:`toolgym.envs.base.ToolEnv.oracle`)."""
-    return state.env.oracle(state)
-
-
-def calculator_oracle(state: EpisodeState) -> str:
-    """Calculator-v0 oracle (kept for compatibility): :meth:`toolgym.envs.calculator.CalculatorEnv.oracle`."""
-    from toolgym.envs.calculator import CalculatorEnv
-
-    return CalculatorEnv.oracle(state.env, state)
-
-
-#: env id -> oracle script (``fn(EpisodeState) -> str``); the built-in envs delegate to their ``env.oracle``.
-#: Add an entry only to override an env's own oracle; any other env id falls back to ``env.oracle``.
-ORACLES: dict[str, Callable[[EpisodeState], str]] = {
-    "toolgym/Calculator-v0": calculator_oracle,
-    "toolgym/Search-v0": env_oracle,
-    "toolgym/SQL-v0": env_oracle,
-    "toolgym/Python-v0": env_oracle,
-    "toolgym/MCP-v0": env_oracle,
-}
-
-
-def oracle_policy(env_id: str | None = None) -> ScriptedPolicy:
-    """A :class:`~toolgym.rollout.ScriptedPolicy` running the oracle of ``env_id`` (from :data:`ORACLES`), or the
-    env's own ``oracle(state)`` method when ``env_id`` is ``None`` or not listed. An env without an oracle raises
-    ``NotImplementedError`` (naming the env) on the first turn."""
-    return ScriptedPolicy(ORACLES.get(env_id or "", env_oracle))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -295,41 +264,93 @@ def train_sft(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# CLI
+# The algorithm: Config and run
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="RFT/SFT on toolgym trajectories")
-    ap.add_argument("--env", default="toolgym/Calculator-v0")
-    ap.add_argument("--model", default=None, help="model path/id (default: the embedded SmolLM2-135M)")
-    ap.add_argument("--policy", choices=["oracle", "model"], default="oracle", help="who collects the episodes")
-    ap.add_argument("--episodes", type=int, default=64)
-    ap.add_argument("--threshold", type=float, default=1.0)
-    ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--lr", type=float, default=5e-5)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--output-dir", default="runs/sft")
-    a = ap.parse_args(argv)
+@dataclass
+class Config:
+    """An SFT run: roll out a policy (by default the env's oracle), keep the episodes whose reward clears
+    ``threshold``, fine-tune on them with TRL's ``SFTTrainer`` and the env's loss mask. The toolgym fields are a
+    config file's ``toolgym:`` section; its top-level keys are ``trl.SFTConfig`` fields (``trl``)."""
 
-    import torch
+    model: str | None = opt(None, "model path / hub id; null = the embedded SmolLM2-135M-Instruct; "
+                                  "'tiny' = a tiny random model (smoke tests)")
+    dtype: str = opt("float32", "weights dtype (float32, bfloat16)")
+    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
+    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "keyword arguments of the env, e.g. {split: train}"})
+    policy: str = opt("oracle", "who collects the episodes: 'oracle' (the env's oracle) or 'model' (the model)")
+    episodes: int = opt(64, "episodes to roll out (tasks drawn with seeds task_seed ...)")
+    task_seed: int = opt(0, "first task seed")
+    threshold: float = opt(1.0, "keep episodes with reward >= this")
+    max_turn_tokens: int = opt(128, "tokens sampled per assistant turn")
+    num_envs: int = opt(16, "episodes run at once")
+    temperature: float = opt(1.0, "sampling temperature of policy: model")
+    trajectory_path: str | None = opt(None, "JSONL the kept episodes are written to (null: "
+                                            "<output_dir>/sft_trajectories.jsonl)")
+    threads: int = opt(0, "torch CPU threads (0: torch's default)")
+    save_model: bool = opt(True, "save the trained model and tokenizer to trl.output_dir")
+    trl: dict[str, Any] = field(default_factory=lambda: {"max_length": None}, metadata={
+        "help": "fields of trl.SFTConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
+                "...); a trl.SFTConfig object is accepted too", "trl_config": "SFTConfig"})
 
-    from toolgym.models import load_model
+    def __post_init__(self) -> None:
+        if self.policy not in ("oracle", "model"):
+            raise ValueError(f"policy must be 'oracle' or 'model', got {self.policy!r}")
+
+
+def run(config: Config, *, model: Any = None, tokenizer: Any = None) -> RunResult:
+    """Collect ``episodes`` episodes (oracle or model), keep those above ``threshold``, fine-tune with the loss
+    mask (TRL ``SFTTrainer``), save to ``trl.output_dir``. ``model``/``tokenizer`` default to ``config.model``.
+
+    ``metrics``: ``episodes``, ``kept``, the rollout ``summary``, ``global_step``, ``loss`` (per logged step).
+
+    Raises:
+        ConfigError: no episode cleared the threshold (exit code 1: nothing to train on).
+    """
+    from trl import SFTTrainer
+
+    from toolgym.errors import ConfigError
+    from toolgym.eval import oracle_policy
     from toolgym.rollout import TransformersPolicy, write_trajectories
+    from trainers.contract import load_policy, prepare
+    from trainers.runconfig import trl_config
 
-    torch.manual_seed(a.seed)
-    model, tok = load_model(a.model)
-    policy: Policy = oracle_policy(a.env) if a.policy == "oracle" else TransformersPolicy(model, tok, seed=a.seed)
-    kept, alltr = collect(a.env, policy, [None] * a.episodes, threshold=a.threshold, seeds=a.seed,
-                          env_kwargs={"tokenizer": tok})
-    print(f"collected {len(alltr)} episodes, kept {len(kept)} (reward >= {a.threshold}): {summarize(alltr)}")
-    os.makedirs(a.output_dir, exist_ok=True)
-    write_trajectories(Path(a.output_dir) / "sft_trajectories.jsonl", kept)
-    train_sft(model, tok, kept, output_dir=a.output_dir, epochs=a.epochs, learning_rate=a.lr,
-              batch_size=a.batch_size, seed=a.seed, save=True)
-    print(f"saved to {a.output_dir}")
+    args = trl_config("SFTConfig", config.trl)
+    prepare(threads=config.threads, seed=args.seed)
+    if model is None:
+        model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
+    policy: Policy = (oracle_policy() if config.policy == "oracle"
+                      else TransformersPolicy(model, tokenizer, temperature=config.temperature, seed=args.seed))
+    env_kwargs = {"tokenizer": tokenizer, **config.env_kwargs}
+    kept, alltr = collect(config.env_id, policy, [None] * config.episodes, threshold=config.threshold,
+                          seeds=config.task_seed, max_turn_tokens=config.max_turn_tokens, num_envs=config.num_envs,
+                          env_kwargs=env_kwargs)
+    print(f"[sft] {len(alltr)} episodes, kept {len(kept)} (reward >= {config.threshold}): {summarize(alltr)}")
+    if not kept:
+        raise ConfigError("no episode cleared the threshold: nothing to train on", code=1)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    traj_path = Path(config.trajectory_path or out / "sft_trajectories.jsonl")
+    write_trajectories(traj_path, kept)
+    trainer = SFTTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=sft_dataset(kept))
+    trainer.train()
+    model.eval()
+    if config.save_model:
+        trainer.save_model(str(out))
+        tokenizer.save_pretrained(str(out))
+    print(f"[sft] {trainer.state.global_step} steps" + (f", model saved to {out}" if config.save_model else ""))
+    metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
+               "global_step": int(trainer.state.global_step),
+               "loss": [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]}
+    return RunResult("sft", str(out), str(out) if config.save_model else None, metrics,
+                     {"trajectories": str(traj_path)})
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m trainers.sft ...` = `toolgym train sft ...`
+    import sys
+
+    from trainers.cli import main as _main
+
+    sys.exit(_main(["sft", *sys.argv[1:]]))

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli import CLIError, ExitCode
+from toolgym.errors import CLIError, ExitCode
 
 try:  # a real TrainerCallback when transformers is there (always, with the [train] extra)
     from transformers import TrainerCallback as _CallbackBase
@@ -124,21 +124,34 @@ def configure_mlflow(experiment: str | None = None) -> str:
     mlflow = _require_mlflow()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # stdout stays for --json
+    from trainers.store import StoreReadOnlyError, check_store_writable, local_store_path, store_lock
+
     uri = tracking_uri()
     check_server(uri)
-    if uri.startswith("sqlite:///"):
-        runs_dir().mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
+    try:
+        check_store_writable(uri)
+        read_only: StoreReadOnlyError | None = None
+    except StoreReadOnlyError as e:  # reading works (list, models:/ URIs); anything that must write says so
+        read_only = e
+        if not (local_store_path(uri) or Path("/")).exists():
+            raise
     name = experiment or experiment_name()
-    client = mlflow.MlflowClient(uri)
-    if client.get_experiment_by_name(name) is None:
-        location = (runs_dir() / "mlartifacts").as_uri() if uri.startswith("sqlite:///") else None
-        try:
-            client.create_experiment(name, artifact_location=location)
-        except mlflow.exceptions.MlflowException:
-            if client.get_experiment_by_name(name) is None:  # not a create race: a real failure
-                raise
-    mlflow.set_experiment(name)
+    # one process at a time sets up a fresh store (schema migrations) and creates the experiment
+    with store_lock(uri):
+        if uri.startswith("sqlite:///") and read_only is None:
+            runs_dir().mkdir(parents=True, exist_ok=True)
+        mlflow.set_tracking_uri(uri)
+        client = mlflow.MlflowClient(uri)
+        if client.get_experiment_by_name(name) is None:
+            if read_only is not None:
+                raise read_only
+            location = (runs_dir() / "mlartifacts").as_uri() if uri.startswith("sqlite:///") else None
+            try:
+                client.create_experiment(name, artifact_location=location)
+            except mlflow.exceptions.MlflowException:
+                if client.get_experiment_by_name(name) is None:  # not a create race: a real failure
+                    raise
+        mlflow.set_experiment(name)
     return uri
 
 
@@ -178,7 +191,7 @@ class ToolgymMLflowCallback(_CallbackBase):  # type: ignore[misc,valid-type]
                  trajectory_dir: str | os.PathLike[str] | None = None) -> None:
         from toolgym import __version__
 
-        tg = _as_dict(toolgym_config)
+        tg = {k: v for k, v in _as_dict(toolgym_config).items() if k != "trl"}  # trl: the trainer config
         self.toolgym_config = tg
         env_kwargs = {k: v for k, v in dict(tg.get("env_kwargs") or {}).items() if k != "tokenizer"}
         self.env_id = env_id or tg.get("env_id") or "unknown"

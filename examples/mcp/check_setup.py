@@ -5,7 +5,7 @@ oracle policy (one ``calculate`` call with the task's ``expression``, then ``<an
     python examples/mcp/check_setup.py --config examples/mcp/servers.local.json --tasks 8
 
 A mean reward of 1.0 means the server, the task file and the reward agree; then train with
-``accelerate launch --cpu trainers/grpo.py --config examples/mcp/grpo_mcp_cpu.yaml``.
+``accelerate launch --cpu -m trainers.cli grpo --config examples/mcp/grpo_mcp_cpu.yaml``.
 """
 
 from __future__ import annotations

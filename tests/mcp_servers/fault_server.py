@@ -4,7 +4,7 @@ Tools: ``echo``, ``add``, ``pid`` (the server's process id), ``sleep_ms`` (a slo
 idempotent), ``hang`` (never returns; records its own cancellation), ``fail`` (raises: an ``isError`` result),
 ``crash`` (the process exits mid-call), ``count`` (how many calls this process has served), ``record`` (appends its
 token to ``<marker dir>/record.log`` then sleeps: a non-idempotent side effect), ``freeze`` (blocks the server's
-event loop: the whole server hangs without dying); over HTTP with sessions (the legacy ``initialize`` protocol):
+event loop: the whole server hangs without dying), ``big_text`` (megabytes of text); over HTTP with sessions (the legacy ``initialize`` protocol):
 ``session_id`` (the caller's ``Mcp-Session-Id``), ``wedge_session`` (the caller's session gets stuck: from then on
 ``session_echo`` hangs on it, as a stuck per-session resource would, while other sessions are served).
 
@@ -130,6 +130,12 @@ async def session_echo(text: str, ctx: Context) -> str:
     if _session(ctx) in _wedged:
         await asyncio.sleep(3600)
     return text
+
+
+@server.tool()
+def big_text(mb: int) -> str:
+    """Return ``mb`` megabytes of text (one JSON-RPC line of that size over stdio)."""
+    return "x" * (mb * 1024 * 1024)
 
 
 @server.tool()

@@ -19,7 +19,8 @@ import numpy as np
 from gymnasium import spaces
 
 from toolgym import runtime
-from toolgym.format.conversation import ChatFormat, Conversation, as_int_array
+from toolgym.format.chat import ChatFormat
+from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.tools.base import Seconds, Tool
@@ -238,22 +239,22 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
         terminated = truncated = False
         obs = _EMPTY
-        if turn.calls:
-            turn.results = await runtime.run_async(self.executor.run_many(turn.calls))
-            for r in turn.results:  # bound by characters before anything is tokenised (megabytes stay cheap)
-                if len(r.content) > self.max_obs_chars:
-                    r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK
-            payload = [(r.call.name or "error", r.content, r.call.id) for r in turn.results]
-            obs_ids = conv.observation(payload)
-            if self._may_need_clip(payload, obs_ids):  # rare: measure each result alone, cut, re-encode
-                payload = [(n, self._clip(c), i) for n, c, i in payload]
-                obs_ids = conv.observation(payload)
+        answer = await self.env_response(turn)
+        if answer is not None:
+            msgs = [{**m, "content": str(m.get("content", ""))} for m in answer]
+            for m in msgs:  # bound by characters before anything is tokenised (megabytes stay cheap)
+                if len(m["content"]) > self.max_obs_chars:
+                    m["content"] = m["content"][: self.max_obs_chars] + TRUNCATED_MARK
+            obs_ids = conv.observation(msgs)
+            if self._may_need_clip(msgs, obs_ids):  # rare: measure each message alone, cut, re-encode
+                msgs = [{**m, "content": self._clip(m["content"])} for m in msgs]
+                obs_ids = conv.observation(msgs)
             if turn.index + 1 >= self.max_turns:
                 truncated = True
             elif len(conv) + len(obs_ids) >= self.max_episode_tokens:
                 truncated = True
             else:
-                turn.obs_start, turn.obs_end = conv.add_observation(payload, obs_ids)
+                turn.obs_start, turn.obs_end = conv.add_observation(msgs, obs_ids)
                 obs = as_int_array(obs_ids)
         else:
             terminated = True
@@ -295,15 +296,38 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         info["env_time_s"] = Seconds(time.perf_counter() - t0)
         return obs, reward, terminated, truncated, info
 
-    def _may_need_clip(self, payload: Sequence[tuple[str, str, str]], obs_ids: Sequence[int]) -> bool:
-        """``False`` when no result can be longer than ``max_obs_tokens`` tokens: every result is at most that
-        many bytes, or the observation, less its fixed framing, has a few tokens to spare (each result is encoded
-        alone only when this says ``True``: one encode per step instead of two)."""
+    # -- the environment's answer to a turn --------------------------------------------------------
+    async def env_response(self, turn: Turn) -> list[dict[str, Any]] | None:
+        """The environment's answer to the assistant turn ``turn`` (verifiers' name for this hook): the chat
+        messages to append before the model's next turn, or ``None`` to end the episode (the model answered:
+        ``terminated``).
+
+        Default: run the turn's parsed tool calls (``turn.calls``) with the env's executor, record them in
+        ``turn.results``, and answer with one tool message per result
+        (``self.format.tool_message(name, content, call_id)``); ``None`` when the turn has no calls. Override it
+        for an env that answers otherwise, e.g. a simulated user (a ``{"role": "user", "content": ...}`` message;
+        ``docs/extending.md`` has one). ``turn.text`` / ``turn.content`` hold what the model wrote,
+        ``self.task`` the task row, ``self.trajectory`` the episode so far. Whatever it returns is bounded
+        (``max_obs_chars``, ``max_obs_tokens`` per message), tokenised with the chat template (loss mask 0) and
+        checked by the drift check like tool results; the turn and token budgets apply as for tool results.
+        """
+        if not turn.calls:
+            return None
+        turn.results = await runtime.run_async(self.executor.run_many(turn.calls))
+        for r in turn.results:  # the recorded results are bounded too (what the model is shown)
+            if len(r.content) > self.max_obs_chars:
+                r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK
+        return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in turn.results]
+
+    def _may_need_clip(self, msgs: Sequence[Mapping[str, Any]], obs_ids: Sequence[int]) -> bool:
+        """``False`` when no message can be longer than ``max_obs_tokens`` tokens: every content is at most that
+        many bytes, or the observation, less its fixed framing, has a few tokens to spare (each message is
+        encoded alone only when this says ``True``: one encode per step instead of two)."""
         limit = self.max_obs_tokens
-        if all(len(c.encode("utf-8", "replace")) <= limit for _, c, _ in payload):
+        if all(len(str(m["content"]).encode("utf-8", "replace")) <= limit for m in msgs):
             return False
-        frame = self.format.observation_frame_len(tuple(n for n, _, _ in payload))
-        return len(obs_ids) - frame > limit - 4  # 4: tokens a result may gain alone at its two boundaries
+        frame = self.format.observation_frame_len(msgs)
+        return len(obs_ids) - frame > limit - 4  # 4: tokens a message may gain alone at its two boundaries
 
     def _clip(self, text: str) -> str:
         """``text`` cut to ``max_obs_chars`` characters, then to ``max_obs_tokens`` tokens, with a ``[truncated]``

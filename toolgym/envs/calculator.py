@@ -11,35 +11,21 @@ in a fixed 10% bucket, so held-out evaluation never sees a training expression.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from toolgym.envs.base import ToolEnv
-from toolgym.rewards.base import Reward
+from toolgym.rewards.rules import NumericMatch
 from toolgym.tools.calculator import calculator_tool, evaluate, format_number
-from toolgym.trajectory import Trajectory
 
-__all__ = ["CalculatorEnv", "ExactNumber", "generate_task", "parse_number"]
+__all__ = ["CalculatorEnv", "generate_task"]
 
 SYSTEM_PROMPT = (
     "You are a careful assistant that solves arithmetic problems. Large numbers are hard to compute in your "
     "head, so call the calculator tool with the expression. After the tool answers, reply with the final "
     "number only, inside answer tags, for example <answer>12345</answer>."
 )
-
-
-def parse_number(text: str) -> Fraction | None:
-    """A number written by the model (``12,345``, ``-7``, ``3.50``), or ``None`` if ``text`` is not one."""
-    s = text.strip().replace(",", "").replace(" ", "").rstrip(".")
-    if not s:
-        return None
-    try:
-        return Fraction(s)
-    except (ValueError, ZeroDivisionError):
-        return None
 
 
 def _split_of(expr: str) -> str:
@@ -77,20 +63,6 @@ def generate_task(rng: np.random.Generator, split: str = "train", n_ops: tuple[i
         }
 
 
-class ExactNumber(Reward):
-    """1.0 when the number in the final ``<answer>`` equals ``task[field]`` exactly, else 0.0."""
-
-    name = "exact_number"
-
-    def __init__(self, field: str = "answer") -> None:
-        self.field = field
-
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
-        got = parse_number(trajectory.answer)
-        want = parse_number(str(task[self.field]))
-        return float(got is not None and want is not None and got == want)
-
-
 class CalculatorEnv(ToolEnv):
     """Arithmetic with a calculator tool. ``split`` selects the train or held-out test expressions.
 
@@ -101,7 +73,7 @@ class CalculatorEnv(ToolEnv):
         if split not in ("train", "test"):
             raise ValueError("split must be 'train' or 'test'")
         self.split = split
-        kwargs.setdefault("reward", ExactNumber())
+        kwargs.setdefault("reward", NumericMatch("answer", exact=True))  # the exact number, name "exact_number"
         kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
         super().__init__(
             lambda rng: generate_task(rng, split),

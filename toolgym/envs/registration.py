@@ -2,24 +2,30 @@
 
 Each env is registered with a ``vector_entry_point`` so ``gym.make_vec(id, num_envs=N)`` returns a
 :class:`toolgym.vector.ToolVectorEnv` (one event loop, one shared tool executor) instead of N copies in
-Gymnasium's sync/async wrappers.
+Gymnasium's sync/async wrappers. :func:`make_vector_env` is the one builder of a rollout vector env (autoreset
+off) from an env id: evaluation, the rollout driver, the TRL adapter and the demo all build theirs with it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["ENVS", "make_vector", "register_envs"]
+__all__ = ["ENVS", "import_env_id", "make_vector", "make_vector_env", "register_envs"]
 
 #: id -> (entry point "module:Class", one-line description)
 ENVS: dict[str, tuple[str, str]] = {
     "toolgym/Calculator-v0": (
         "toolgym.envs.calculator:CalculatorEnv",
         "multi-step arithmetic with large numbers and a safe calculator tool; reward = exact numeric answer",
+    ),
+    "toolgym/CalculatorChain-v0": (
+        "toolgym.envs.calculator_chain:CalculatorChainEnv",
+        "multi-step: 2-4 dependent calculator calls; process reward = each intermediate value verified, + exact answer",
     ),
     "toolgym/Search-v0": (
         "toolgym.envs.search:SearchEnv",
@@ -63,3 +69,37 @@ def register_envs() -> None:
             vector_entry_point=functools.partial(make_vector, entry_point),
             disable_env_checker=False,
         )
+
+
+def import_env_id(env_id: str) -> str:
+    """``"module:Env-v0"`` -> imports ``module`` (which registers its envs, as ``gym.make`` does) and returns
+    ``"Env-v0"``; any other id is returned unchanged. ``ImportError`` when the module is missing."""
+    if ":" in env_id:
+        mod, _, env_id = env_id.partition(":")
+        importlib.import_module(mod)
+    return env_id
+
+
+def make_vector_env(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> Any:
+    """A :class:`~toolgym.vector.ToolVectorEnv` of ``num_envs`` copies of ``env_id`` with autoreset disabled (what
+    a rollout drives: each episode is reset explicitly with its task).
+
+    ``env_id`` is any registered id, including ``"module:Env-v0"`` (``module`` is imported first). Envs
+    registered without toolgym's vector entry point are wrapped in a ToolVectorEnv directly. ``env_kwargs`` go to
+    every sub-env (``tokenizer``, ``split``, ...).
+    """
+    from gymnasium.vector import AutoresetMode
+
+    from toolgym.vector import ToolVectorEnv
+
+    register_envs()
+    env_id = import_env_id(env_id)
+    spec = gym.spec(env_id)
+    kw = dict(env_kwargs or {})
+    if spec.vector_entry_point is not None:
+        return gym.make_vec(env_id, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **kw)
+
+    def env_fn(**k: Any) -> Any:
+        return gym.make(spec.id, disable_env_checker=True, **k)
+
+    return ToolVectorEnv(env_fn, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, **kw)

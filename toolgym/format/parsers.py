@@ -1,38 +1,16 @@
-"""Tool-call parsers by model family, and their registry.
+"""Tool-call parsers: the base class, the registry and family detection.
 
-A parser turns the decoded text of one assistant turn into a :class:`ParsedTurn`: the visible content and
-every tool call. Malformed calls are **reported, never dropped**: each becomes a :class:`ToolCall` with
-``parse_error`` set, which the executor answers with a ``parse_error`` observation. ``parse`` never raises.
-
-Built in:
-
-* ``hermes`` (alias ``qwen``): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, as
-  Hermes, Qwen2.5, Qwen3 and SmolLM2 with a ChatML tool template emit them.
-* ``llama3_json`` (alias ``llama3``): Llama 3.1-3.3 JSON calls: the whole message is
-  ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``), several separated by ``;``.
-* in :mod:`toolgym.format.families`: ``qwen3_coder`` (alias ``qwen3_xml``), ``deepseek_v3``, ``deepseek_v31``,
-  ``openai`` (alias ``harmony``), ``mistral``, ``glm45`` and ``gemma4`` (each under vLLM's ``--tool-call-parser``
-  name, so a user passes the same name to both).
-
-A parser also carries its family's *framing*: the tokens that end a turn (:attr:`ToolCallParser.stop_tokens`),
-the call ids its template accepts (:meth:`ToolCallParser.call_id`), whether the template needs structured
-``tool_calls`` in the history (:attr:`ToolCallParser.structured_history`), and the markers that identify its chat
-template (:attr:`ToolCallParser.template_markers`, used by ``parser="auto"``: :func:`detect_parser`).
-
-Register a new family with ``@register_parser("name")`` on a :class:`ToolCallParser` subclass.
-
-This module never imports :mod:`toolgym.format.families` (which imports the base classes from here): the package
-``toolgym.format`` imports the families, so they are registered whenever this module is importable (importing
-``toolgym.format.parsers`` runs ``toolgym/format/__init__.py`` first). Registration order matters for
-:func:`detect_parser` (later = more specific), and it is fixed: ``families`` imports this module (registering
-``hermes`` and ``llama3_json``) before it registers its own parsers.
+A :class:`ToolCallParser` reads one family's tool-call format from a turn's text (:meth:`ToolCallParser.parse`,
+which never raises: the guard is here, once, around each family's :meth:`ToolCallParser._parse`) and writes calls
+in it (``format_calls``). The families live in :mod:`toolgym.format.families`, one module per family (or group);
+importing ``toolgym.format`` registers all of them, in a fixed order (``parser="auto"`` tries the last registered
+first). Register a new family with ``@register_parser("name")`` on a subclass that implements ``_parse`` and
+``format_calls``.
 """
 
 from __future__ import annotations
 
 import abc
-import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +18,6 @@ from typing import Any
 from toolgym.tools.base import ToolCall
 
 __all__ = [
-    "HermesParser",
-    "Llama3JsonParser",
     "ParsedTurn",
     "ToolCallParser",
     "detect_parser",
@@ -50,8 +26,6 @@ __all__ = [
     "register_parser",
     "template_family",
 ]
-
-_THINK = re.compile(r"<think>.*?(</think>|\Z)", re.DOTALL)
 
 
 @dataclass
@@ -122,9 +96,19 @@ class ToolCallParser(abc.ABC):
         """The assistant text a model of this family writes to answer ``text`` without calling a tool."""
         return text
 
-    @abc.abstractmethod
     def parse(self, text: str) -> ParsedTurn:
-        """Parse one turn's decoded text (special tokens included, end-of-turn token removed). Never raises."""
+        """Parse one turn's decoded text (special tokens included, end-of-turn token removed). Never raises: any
+        unexpected exception of the family's :meth:`_parse` becomes one call with ``parse_error`` set (defence in
+        depth; malformed calls the family recognises are reported by :meth:`_parse` itself)."""
+        try:
+            return self._parse(text)
+        except Exception as e:  # noqa: BLE001 - parse never raises
+            return ParsedTurn(text.strip(), [ToolCall("", raw=text[:2000], parse_error=f"unparsable turn: {e}")])
+
+    @abc.abstractmethod
+    def _parse(self, text: str) -> ParsedTurn:
+        """The family's parser (called by :meth:`parse`, which guards it): content, calls (malformed ones with
+        ``parse_error``) and reasoning of one turn's text."""
 
     @abc.abstractmethod
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
@@ -188,176 +172,3 @@ def detect_parser(chat_template: str | None) -> str:
         "parser='auto' cannot tell the tool-call format from this chat template (no known family's markers in "
         f"it); pass parser= one of {sorted(_REGISTRY)}"
     )
-
-
-_JSON_DECODER = json.JSONDecoder()
-
-
-def _split_reasoning(text: str) -> tuple[str, str]:
-    if "think>" not in text:  # no <think> / </think> at all: the common case, no regex pass
-        return text, ""
-    reasoning = []
-
-    def grab(m: re.Match[str]) -> str:
-        inner = m.group(0)[len("<think>") :]
-        if inner.endswith("</think>"):
-            inner = inner[: -len("</think>")]
-        reasoning.append(inner.strip())
-        return ""
-
-    # A Qwen3 generation prompt may open <think> in the prompt, so a turn can start inside reasoning.
-    if "</think>" in text and "<think>" not in text.split("</think>", 1)[0]:
-        head, text = text.split("</think>", 1)
-        reasoning.append(head.strip())
-    return _THINK.sub(grab, text), "\n".join(r for r in reasoning if r)
-
-
-def _call_from_obj(obj: Any, raw: str, args_key: str) -> ToolCall:
-    """Validate a decoded call object strictly; errors name what is wrong."""
-    if not isinstance(obj, dict):
-        return ToolCall("", raw=raw, parse_error=f"a tool call must be a JSON object, got {type(obj).__name__}")
-    name = obj.get("name")
-    if not isinstance(name, str) or not name:
-        return ToolCall("", raw=raw, parse_error='a tool call needs a non-empty string "name"')
-    args = obj.get(args_key, obj.get("arguments", {}) if args_key != "arguments" else {})
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        return ToolCall(
-            name, raw=raw, parse_error=f'"{args_key}" of a call to {name!r} must be a JSON object, '
-            f"got {type(args).__name__}"
-        )
-    return ToolCall(name, args, raw=raw)
-
-
-@register_parser("hermes", "qwen")
-class HermesParser(ToolCallParser):
-    """``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>`` blocks (Hermes / Qwen / ChatML).
-
-    Errors reported: invalid JSON, a non-object, a missing name, non-object arguments, an unclosed
-    ``<tool_call>``, a stray ``</tool_call>``, and more than one JSON value in one block.
-    """
-
-    open_tag = "<tool_call>"
-    close_tag = "</tool_call>"
-    template_markers = (("<tool_call>", "arguments"),)
-
-    def parse(self, text: str) -> ParsedTurn:
-        try:
-            return self._parse(text)
-        except Exception as e:  # noqa: BLE001 - defence in depth: parse never raises
-            return ParsedTurn(text.strip(), [ToolCall("", raw=text, parse_error=f"unparsable turn: {e}")])
-
-    def _parse(self, text: str) -> ParsedTurn:
-        body, reasoning = _split_reasoning(text)
-        calls: list[ToolCall] = []
-        content: list[str] = []
-        pos = 0
-        o, c = self.open_tag, self.close_tag
-        while True:
-            start = body.find(o, pos)
-            stray = body.find(c, pos)
-            if stray != -1 and (start == -1 or stray < start):
-                content.append(body[pos:stray])
-                calls.append(ToolCall("", raw=c, parse_error=f"{c} without a matching {o}"))
-                pos = stray + len(c)
-                continue
-            if start == -1:
-                content.append(body[pos:])
-                break
-            content.append(body[pos:start])
-            end = body.find(c, start + len(o))
-            nxt = body.find(o, start + len(o))
-            if end == -1 or (nxt != -1 and nxt < end):
-                stop = len(body) if nxt == -1 else nxt
-                raw = body[start:stop]
-                calls.append(ToolCall("", raw=raw, parse_error=f"{o} is not closed by {c}"))
-                pos = stop
-                continue
-            raw = body[start : end + len(c)]
-            calls.append(self._decode(body[start + len(o) : end].strip(), raw))
-            pos = end + len(c)
-        return ParsedTurn("".join(content).strip(), calls, reasoning)
-
-    @staticmethod
-    def _decode(payload: str, raw: str) -> ToolCall:
-        if not payload:
-            return ToolCall("", raw=raw, parse_error="empty tool call")
-        try:
-            obj, end = _JSON_DECODER.raw_decode(payload)
-        except json.JSONDecodeError as e:
-            return ToolCall("", raw=raw, parse_error=f"invalid JSON in tool call: {e.msg} at char {e.pos}")
-        except RecursionError:
-            return ToolCall("", raw=raw, parse_error="tool call JSON is nested too deeply")
-        if payload[end:].strip():
-            return ToolCall("", raw=raw, parse_error="extra text after the JSON object in a tool call")
-        return _call_from_obj(obj, raw, "arguments")
-
-    def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        parts = [content] if content else []
-        for name, args in calls:
-            parts.append(
-                f"{self.open_tag}\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n{self.close_tag}"
-            )
-        return "\n".join(parts)
-
-
-@register_parser("llama3_json", "llama3")
-class Llama3JsonParser(ToolCallParser):
-    """Llama 3.x JSON calls: the turn is ``{"name": ..., "parameters": {...}}`` (``"arguments"`` accepted),
-    optionally prefixed by ``<|python_tag|>``; several calls are separated by ``;``.
-
-    A turn whose text (after the optional tag) does not start with ``{`` is a plain answer. One that does
-    must be entirely calls: any invalid JSON or trailing text is a parse error.
-    """
-
-    python_tag = "<|python_tag|>"
-    stop_tokens = ("<|eot_id|>", "<|eom_id|>")
-    template_markers = (("<|start_header_id|>", '"parameters"'), ("<|start_header_id|>", "ipython"))
-
-    def parse(self, text: str) -> ParsedTurn:
-        try:
-            return self._parse(text)
-        except Exception as e:  # noqa: BLE001
-            return ParsedTurn(text.strip(), [ToolCall("", raw=text, parse_error=f"unparsable turn: {e}")])
-
-    def _parse(self, text: str) -> ParsedTurn:
-        body, reasoning = _split_reasoning(text)
-        s = body.strip()
-        tagged = s.startswith(self.python_tag)
-        if tagged:
-            s = s[len(self.python_tag) :].lstrip()
-        if not s.startswith("{"):
-            if tagged:
-                return ParsedTurn("", [ToolCall("", raw=body, parse_error="<|python_tag|> not followed by a JSON call")], reasoning)
-            return ParsedTurn(s, [], reasoning)
-        calls: list[ToolCall] = []
-        dec = json.JSONDecoder()
-        pos = 0
-        while pos < len(s):
-            try:
-                obj, end = dec.raw_decode(s, pos)
-            except json.JSONDecodeError as e:
-                calls.append(ToolCall("", raw=s[pos:], parse_error=f"invalid JSON in tool call: {e.msg} at char {e.pos}"))
-                break
-            except RecursionError:
-                calls.append(ToolCall("", raw=s[pos:], parse_error="tool call JSON is nested too deeply"))
-                break
-            calls.append(_call_from_obj(obj, s[pos:end], "parameters"))
-            pos = end
-            rest = s[pos:].lstrip()
-            if not rest:
-                break
-            if rest.startswith(";"):
-                pos = len(s) - len(rest) + 1
-                while pos < len(s) and s[pos].isspace():
-                    pos += 1
-                continue
-            calls.append(ToolCall("", raw=rest, parse_error="unexpected text after a JSON tool call"))
-            break
-        return ParsedTurn("", calls, reasoning)
-
-    def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        body = "; ".join(json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
-        return f"{content}\n{body}".strip() if content and not calls else body or content
-

@@ -11,9 +11,7 @@ from toolgym.rewards.base import (
     Score,
     as_reward,
     outcome_score,
-    outcome_with_components,
     turn_score,
-    turn_with_components,
 )
 from toolgym.rewards.combine import Combine, score_batch
 from toolgym.rewards.judge import DEFAULT_JUDGE_PROMPT, JudgeErrorKind, JudgeResult, LLMJudge, parse_score
@@ -27,9 +25,11 @@ from toolgym.rewards.rules import (
     ToolCallFormat,
     answer_format,
     exact_match,
+    exact_number,
     f1_score,
     normalize_answer,
     numeric_match,
+    parse_exact_number,
     parse_number,
 )
 from toolgym.rewards.verified import ToolVerified
@@ -57,14 +57,14 @@ __all__ = [
     "answer_format",
     "as_reward",
     "exact_match",
+    "exact_number",
     "f1_score",
     "normalize_answer",
     "numeric_match",
     "outcome_score",
-    "outcome_with_components",
+    "parse_exact_number",
     "parse_number",
     "parse_score",
     "score_batch",
     "turn_score",
-    "turn_with_components",
 ]

@@ -25,9 +25,7 @@ __all__ = [
     "Score",
     "as_reward",
     "outcome_score",
-    "outcome_with_components",
     "turn_score",
-    "turn_with_components",
 ]
 
 
@@ -138,7 +136,3 @@ async def turn_score(reward: Reward, turn: Turn, trajectory: Trajectory, task: M
     """``reward.turn(...)`` as a :class:`Score` (a plain number coerced by :meth:`Score.of`)."""
     return Score.of(await reward.turn(turn, trajectory, task), reward)
 
-
-#: the names these helpers had when components travelled beside the value; a Score unpacks as ``(value, components)``
-outcome_with_components = outcome_score
-turn_with_components = turn_score

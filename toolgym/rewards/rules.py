@@ -37,9 +37,11 @@ __all__ = [
     "ToolCallFormat",
     "answer_format",
     "exact_match",
+    "exact_number",
     "f1_score",
     "normalize_answer",
     "numeric_match",
+    "parse_exact_number",
     "parse_number",
 ]
 
@@ -136,11 +138,38 @@ def parse_number(text: Any) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def parse_exact_number(text: Any) -> Fraction | None:
+    """The number ``text`` is, exactly (a ``Fraction``), or ``None``: the whole text must be one number, with
+    thousands separators (``,``, spaces) and a trailing period allowed (``12,345``, ``-7``, ``3.50``, ``1e3``).
+    Stricter than :func:`parse_number`, which finds the last number in a text."""
+    if isinstance(text, bool) or text is None:
+        return None
+    if isinstance(text, int | Fraction):
+        return Fraction(text)
+    s = str(text).strip().replace(",", "").replace(" ", "").rstrip(".")
+    if not s:
+        return None
+    try:
+        return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def exact_number(prediction: Any, golds: Golds) -> float:
+    """1.0 when ``prediction`` is exactly one number (:func:`parse_exact_number`) equal to a gold number, with no
+    tolerance (``0.1 + 0.2`` is not ``0.3`` unless written so), else 0.0."""
+    pred = parse_exact_number(prediction)
+    if pred is None:
+        return 0.0
+    return float(any(parse_exact_number(g) == pred for g in _gold_list(golds)))
+
+
 def numeric_match(prediction: Any, golds: Golds, *, abs_tol: float = 1e-6, rel_tol: float = 1e-4) -> float:
     """1.0 when the number in ``prediction`` is within tolerance of any gold number, else 0.0.
 
     Within tolerance means ``math.isclose(pred, gold, rel_tol=rel_tol, abs_tol=abs_tol)``: ``|p - g| <=
-    max(rel_tol * max(|p|, |g|), abs_tol)``. A prediction or gold without a number never matches.
+    max(rel_tol * max(|p|, |g|), abs_tol)``. A prediction or gold without a number never matches. The exact check
+    (the whole answer one number, equal exactly) is :func:`exact_number` (``NumericMatch(exact=True)``).
     """
     pred = parse_number(prediction)
     if pred is None:
@@ -213,7 +242,9 @@ class F1(RuleReward):
 
 
 class NumericMatch(RuleReward):
-    """1.0 when the number in ``trajectory.answer`` is within ``abs_tol``/``rel_tol`` of a gold number."""
+    """1.0 when the number in ``trajectory.answer`` is within ``abs_tol``/``rel_tol`` of a gold number
+    (:func:`numeric_match`); with ``exact=True``, when the answer is exactly one number equal to a gold
+    (:func:`exact_number`: Calculator-v0's reward; the tolerances are then unused)."""
 
     def __init__(
         self,
@@ -221,13 +252,17 @@ class NumericMatch(RuleReward):
         *,
         abs_tol: float = 1e-6,
         rel_tol: float = 1e-4,
-        name: str = "numeric_match",
+        exact: bool = False,
+        name: str | None = None,
         **kw: Any,
     ) -> None:
-        self.abs_tol, self.rel_tol = abs_tol, rel_tol
-        super().__init__(self._match, field, name=name, **kw)
+        self.abs_tol, self.rel_tol, self.exact = abs_tol, rel_tol, exact
+        default = "exact_number" if exact else "numeric_match"
+        super().__init__(self._match, field, name=name or default, **kw)
 
     def _match(self, prediction: Any, golds: Golds) -> float:
+        if self.exact:
+            return exact_number(prediction, golds)
         return numeric_match(prediction, golds, abs_tol=self.abs_tol, rel_tol=self.rel_tol)
 
 

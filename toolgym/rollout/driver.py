@@ -82,14 +82,9 @@ class RolloutDriver:
         env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(env, str):
-            import gymnasium as gym
-            from gymnasium.vector import AutoresetMode
+            from toolgym.envs.registration import make_vector_env
 
-            import toolgym  # noqa: F401  (registers the envs)
-
-            env = gym.make_vec(
-                env, num_envs=num_envs or 1, autoreset_mode=AutoresetMode.DISABLED, **dict(env_kwargs or {})
-            )
+            env = make_vector_env(env, num_envs or 1, env_kwargs)
         if schedule not in ("lockstep", "continuous"):
             raise ValueError(f"schedule must be 'lockstep' or 'continuous', got {schedule!r}")
         if max_turn_tokens < 1:

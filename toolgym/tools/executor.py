@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
 
 from toolgym.jsonl import iter_jsonl, write_jsonl
@@ -33,6 +32,8 @@ from toolgym.tools.base import (
     error_text,
     text_of,
 )
+from toolgym.tools.threads import ThreadLane
+from toolgym.tools.validation import first_error, has_patterns, make_validator
 
 __all__ = ["ExecutorMetrics", "ToolCache", "ToolExecutor", "safe_text"]
 
@@ -180,7 +181,10 @@ class ToolExecutor:
         self.metrics = ExecutorMetrics()
         self._global: asyncio.Semaphore | None = None
         self._per_tool: dict[str, asyncio.Semaphore] = {}
-        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+        self._validators: dict[str, Any] = {}
+        self._slow_schemas: set[str] = set()  # tools whose schemas have patterns: validated off the loop
+        # validation with patterns and the text of non-str results run here, off the loop (daemon threads)
+        self._lane = ThreadLane("executor", max_workers=8, max_abandoned=64)
         for t in tools:
             self.add(t)
 
@@ -193,9 +197,16 @@ class ToolExecutor:
             raise ValueError(f"duplicate tool name {tool.name!r}")
         self.tools[tool.name] = tool
         if tool.parameters:
-            cls = jsonschema.validators.validator_for(tool.parameters, default=jsonschema.Draft202012Validator)
-            cls.check_schema(tool.parameters)
-            self._validators[tool.name] = cls(tool.parameters)
+            import jsonschema
+
+            try:
+                self._validators[tool.name] = make_validator(tool.parameters)
+            except jsonschema.SchemaError as e:
+                where = "/".join(str(p) for p in e.absolute_path)
+                raise ValueError(f"tool {tool.name!r}: its parameters are not a valid JSON Schema "
+                                 f"({where + ': ' if where else ''}{e.message})") from None
+            if has_patterns(tool.parameters):
+                self._slow_schemas.add(tool.name)
 
     def schemas(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Chat-template tool specs of the registered tools (or of ``names``, in that order)."""
@@ -240,13 +251,21 @@ class ToolExecutor:
             return self._fail(call, ToolErrorKind.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {names}")
         if not isinstance(call.arguments, dict):
             return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, "arguments must be a JSON object")
-        if self.validate and (v := self._validators.get(call.name)) is not None and not v.is_valid(call.arguments):
-            err = jsonschema.exceptions.best_match(v.iter_errors(call.arguments))
+        timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
+        t0 = time.perf_counter()
+        if self.validate and (v := self._validators.get(call.name)) is not None:
+            if call.name in self._slow_schemas:  # regular expressions: off the loop, under the call's timeout
+                try:
+                    async with asyncio.timeout(timeout):
+                        err = await self._lane.run(first_error, v, call.arguments)
+                except TimeoutError:
+                    err = f"validating the arguments took longer than the timeout of {timeout:g} s"
+                except ToolError as e:  # the validation threads are all stuck
+                    return self._fail(call, e.kind, e.message)
+            else:
+                err = first_error(v, call.arguments)
             if err is not None:
-                where = "/".join(str(p) for p in err.absolute_path)
-                return self._fail(
-                    call, ToolErrorKind.INVALID_ARGUMENTS, f"{where + ': ' if where else ''}{err.message}"
-                )
+                return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, err)
         if self.cache is not None and tool.cacheable:
             hit = self.cache.get(call.name, call.arguments)
             if hit is not None:
@@ -262,9 +281,7 @@ class ToolExecutor:
             if per_tool is None:
                 per_tool = self._per_tool[call.name] = asyncio.Semaphore(tool.max_concurrency)
 
-        timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
         attempts = 0
-        t0 = time.perf_counter()
         while True:
             attempts += 1
             kind: ToolErrorKind | None
@@ -301,10 +318,7 @@ class ToolExecutor:
                     if per_tool is not None:
                         per_tool.release()
             if kind is None:
-                try:
-                    content = safe_text(text_of(content))
-                except Exception as e:  # noqa: BLE001 - a result whose str() raises
-                    kind, content = ToolErrorKind.EXCEPTION, f"unprintable result ({type(e).__name__}: {e})"
+                kind, content = await self._text(call, content, timeout - (time.perf_counter() - t0))
             if kind is None:
                 latency = time.perf_counter() - t0
                 if self.cache is not None and tool.cacheable:
@@ -315,6 +329,21 @@ class ToolExecutor:
                 await asyncio.sleep(self.retry_backoff_s * 2 ** (attempts - 1))
                 continue
             return self._fail(call, kind, content, latency_s=time.perf_counter() - t0, attempts=attempts)
+
+    async def _text(self, call: ToolCall, content: Any, budget_s: float) -> tuple[ToolErrorKind | None, str]:
+        """The result's text: a ``str`` at once; anything else through ``str()`` in a worker thread, bounded by what
+        is left of the call's timeout (a slow ``__str__`` costs that call a ``timeout``, never the loop)."""
+        try:
+            if isinstance(content, str):
+                return None, safe_text(content)
+            async with asyncio.timeout(max(budget_s, 0.01)):
+                return None, safe_text(await self._lane.run(text_of, content))
+        except TimeoutError:
+            return ToolErrorKind.TIMEOUT, f"tool {call.name!r}: turning its result into text took past its timeout"
+        except ToolError as e:
+            return e.kind, e.message
+        except Exception as e:  # noqa: BLE001 - a result whose str() raises
+            return ToolErrorKind.EXCEPTION, f"unprintable result ({type(e).__name__}: {e})"
 
     async def aclose(self) -> None:
         """Close every tool (errors while closing are swallowed: shutdown must not fail)."""

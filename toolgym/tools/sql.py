@@ -3,20 +3,22 @@
 Three independent guards keep a model's SQL harmless:
 
 * the database is opened through a URI with ``mode=ro`` (SQLite itself refuses every write);
-* an authorizer (``Connection.set_authorizer``) allows only what a ``SELECT`` needs (read, select, function,
-  recursive CTE) and denies everything else -- writes, DDL, ``ATTACH``/``DETACH``, ``PRAGMA``, transactions --
-  with a message that names what was refused;
+* an authorizer (``Connection.set_authorizer``) allows only what a ``SELECT`` needs (read, select, recursive CTE,
+  and the functions of an allow-list, :data:`ALLOWED_FUNCTIONS`) and denies everything else -- writes, DDL,
+  ``ATTACH``/``DETACH``, ``PRAGMA``, transactions, ``fts3_tokenizer`` and any function not on the list -- with a
+  message that names what was refused;
 * a progress handler aborts a query that runs past ``time_limit_s`` (e.g. a runaway recursive CTE), and
   ``SQLITE_LIMIT_LENGTH`` caps the size of any string or blob a query can build.
 
-Each call opens a fresh connection (about 50 µs) in a worker thread (``asyncio.to_thread``), so concurrent
-calls never share state and never block the event loop. At most ``max_rows`` rows are fetched; the result is a
+Each call opens a fresh connection (about 50 µs) in a thread of the tool's own lane (:class:`ThreadLane`, as many
+threads as ``max_concurrency``, not asyncio's small shared default pool), so concurrent calls never share state,
+never block the event loop, and a fast query never queues behind slow ones for a thread (SQLite releases the GIL
+while it runs a query; the OS shares the cores). At most ``max_rows`` rows are fetched; the result is a
 compact text table.
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -25,11 +27,32 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from toolgym.tools.base import Tool, ToolError, ToolErrorKind
+from toolgym.tools.threads import ThreadLane
 
-__all__ = ["QueryResult", "SQLError", "SQLTool", "connect_readonly", "format_table", "rows_match", "run_query"]
+__all__ = ["ALLOWED_FUNCTIONS", "QueryResult", "SQLError", "SQLTool", "connect_readonly", "format_table", "rows_match", "run_query"]
 
-#: authorizer action codes a plain SELECT needs
-_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+#: authorizer action codes a plain SELECT needs (functions are checked by name: :data:`ALLOWED_FUNCTIONS`)
+_ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
+
+#: SQL functions a query may call: SQLite's core scalar, aggregate, window, date/time, math and JSON functions and the
+#: FTS auxiliary functions. Anything else is refused by name: ``fts3_tokenizer`` (it returns a library address, and
+#: its two-argument form overwrites an internal pointer with bytes the query chooses), ``fts5``,
+#: ``load_extension``, ``sqlite_compileoption_*``, testing hooks, functions an extension may add.
+ALLOWED_FUNCTIONS = frozenset("""
+    -> ->> abs changes char coalesce concat concat_ws format glob hex ifnull iif if instr last_insert_rowid length like
+    likelihood likely lower ltrim max min nullif octet_length printf quote random randomblob replace round rtrim
+    sign soundex sqlite_version substr substring total_changes trim typeof unhex unicode unlikely upper zeroblob
+    avg count group_concat string_agg sum total median percentile percentile_cont percentile_disc
+    row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value nth_value
+    date time datetime julianday unixepoch strftime timediff current_date current_time current_timestamp
+    acos acosh asin asinh atan atan2 atanh ceil ceiling cos cosh degrees exp floor ln log log10 log2 mod pi pow power
+    radians sin sinh sqrt tan tanh trunc
+    json json_array json_array_length json_error_position json_extract json_insert json_object json_patch json_pretty
+    json_quote json_remove json_replace json_set json_type json_valid json_group_array json_group_object json_each
+    json_tree jsonb jsonb_array jsonb_extract jsonb_insert jsonb_object jsonb_patch jsonb_remove jsonb_replace
+    jsonb_set jsonb_group_array jsonb_group_object
+    match bm25 highlight snippet matchinfo offsets
+""".split())
 _ACTION_NAMES: dict[int, str] = {}
 _ACTION_NAMES.update({
     sqlite3.SQLITE_INSERT: "INSERT", sqlite3.SQLITE_UPDATE: "UPDATE", sqlite3.SQLITE_DELETE: "DELETE",
@@ -108,6 +131,11 @@ def run_query(
     def authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
         if action in _ALLOWED:
             return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:  # arg2: the function's name
+            if (arg2 or "").lower() in ALLOWED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            denied.append(f"the function {arg2}()")
+            return sqlite3.SQLITE_DENY
         what = _ACTION_NAMES.get(action, f"action {action}")
         if action == sqlite3.SQLITE_PRAGMA and arg1:
             what = f"PRAGMA {arg1}"
@@ -172,6 +200,8 @@ def _describe(sql: str, denied: list[str]) -> str:
     """A readable name for what the authorizer refused (the statement keyword when there is one)."""
     words = sql.strip().split(None, 2)
     first = words[0].upper() if words else ""
+    if denied[0].startswith("the function "):
+        return denied[0]
     if first in _STATEMENTS:
         if first in ("CREATE", "DROP") and len(words) > 1:
             return f"{first} {words[1].upper()}"
@@ -223,6 +253,7 @@ class SQLTool(Tool):
         max_rows: rows shown to the model.
         max_cell_chars: longest cell text shown.
         timeout_s: the executor's timeout for the call (a little above ``time_limit_s``).
+        max_concurrency: queries running at once; each has its own thread of the tool's lane.
 
     Errors are raised as :class:`ToolError`: refused statements and SQL errors as ``exception`` (with the
     reason), queries stopped by the time limit as ``timeout``.
@@ -244,7 +275,7 @@ class SQLTool(Tool):
         max_rows: int = 50,
         max_cell_chars: int = 80,
         timeout_s: float | None = None,
-        max_concurrency: int | None = 8,
+        max_concurrency: int | None = 64,
     ) -> None:
         self.db_path = Path(db_path)
         self.name = name
@@ -253,6 +284,7 @@ class SQLTool(Tool):
         self.max_cell_chars = max_cell_chars
         self.timeout_s = timeout_s if timeout_s is not None else time_limit_s + 5.0
         self.max_concurrency = max_concurrency
+        self._lane = ThreadLane(name, max_workers=max_concurrency or 64)
         self.description = description or (
             f"Run one read-only SQLite SELECT query on the database and return the result rows as a table "
             f"(at most {max_rows} rows; queries are stopped after {time_limit_s:g} s)."
@@ -267,7 +299,7 @@ class SQLTool(Tool):
         if not isinstance(query, str):
             raise ToolError("argument 'query' must be a string", kind=ToolErrorKind.INVALID_ARGUMENTS)
         try:
-            result = await asyncio.to_thread(self.run, query)
+            result = await self._lane.run(self.run, query)
         except SQLError as e:
             kind = ToolErrorKind.TIMEOUT if e.kind == "timeout" else ToolErrorKind.EXCEPTION
             raise ToolError(e.message, kind=kind) from None

@@ -132,7 +132,8 @@ def run(
         logprobs_mode=check_logprobs_mode(logprobs_mode),
     )
     print(f"toolgym serve model: {server.served_model_name} on http://{host}:{port}/v1", flush=True)
-    web.run_app(server.app(), host=host, port=port, access_log=None, print=None)
+    # handler_cancellation: a client that disconnects cancels its request, and with it its generation
+    web.run_app(server.app(), host=host, port=port, access_log=None, print=None, handler_cancellation=True)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ import math
 import threading
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -83,6 +83,9 @@ class ModelServer:
         self.default_max_tokens = default_max_tokens
         self.logprobs_mode: LogprobsMode = check_logprobs_mode(logprobs_mode)
         self.created = int(time.time())
+        # tokenising and chat-template rendering run here, off the event loop (a multi-megabyte prompt takes
+        # seconds): /health and the other requests keep being served meanwhile
+        self._prep = ThreadPoolExecutor(max_workers=2, thread_name_prefix="toolgym-serve-tokenize")
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
 
@@ -108,7 +111,7 @@ class ModelServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve in the running event loop; returns the base URL (``port=0`` picks a free port)."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -220,6 +223,8 @@ class ModelServer:
         if not 0 < top_p <= 1:
             raise BadRequest("`top_p` must be in (0, 1]", "top_p")
         seed = _want(body, "seed", int, None)
+        if seed is not None and not -(2**63) <= seed < 2**63:
+            raise BadRequest("`seed` must be a 64-bit signed integer", "seed")
         stop = body.get("stop")
         if stop is None:
             stop = []
@@ -337,7 +342,7 @@ class ModelServer:
             raise BadRequest("`echo` is not supported", "echo")
         if "suffix" in body and body["suffix"] is not None:
             raise BadRequest("`suffix` is not supported", "suffix")
-        prompts = self._prompts(body.get("prompt"))
+        prompts = await self._off_loop(self._prompts, body.get("prompt"))
         logprobs = _want(body, "logprobs", int, None)
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
             raise BadRequest(f"`logprobs` must be in [0, {MAX_LOGPROBS}]", "logprobs")
@@ -412,6 +417,29 @@ class ModelServer:
                 raise BadRequest("`prompt` must be a string, a list of token ids, or a list of those", "prompt")
         return out
 
+    async def _off_loop(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the tokenising threads (a disconnected client's request still finishes its call there,
+        then is dropped before generation)."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
+
+    def _chat_prompt(self, clean: list[dict[str, Any]], tools: list[Any] | None, kwargs: dict[str, Any],
+                     gen_prompt: bool) -> list[int]:
+        """The prompt token ids of a chat request (runs off the loop)."""
+
+        def render(msgs: list[dict[str, Any]], tls: list[dict[str, Any]] | None) -> str:
+            return self.tok.apply_chat_template(
+                msgs, tools=tls or None, tokenize=False, add_generation_prompt=gen_prompt, **kwargs
+            )
+
+        try:
+            text = render(clean, tools)
+        except Exception as e:
+            raise BadRequest(f"the chat template could not render these messages: {e}", "messages") from e
+        # Message contents and tool descriptions are outside text: a control token spelled there is encoded as
+        # text, never as the control id (a tool result cannot forge a turn; see docs/families.md).
+        control = ControlTokens.of(self.tok, kwargs.get("chat_template") or getattr(self.tok, "chat_template", None))
+        return control.encode(text, outside_spans(render, clean, tools or [], text, control))
+
     async def chat_completions(self, request: web.Request) -> web.Response:
         body = await self._json(request)
         messages = body.get("messages")
@@ -439,19 +467,7 @@ class ModelServer:
         parse_calls = self._tool_mode(body, tools)
         gen_prompt = bool(_want(body, "add_generation_prompt", bool, True))
 
-        def render(msgs: list[dict[str, Any]], tls: list[dict[str, Any]] | None) -> str:
-            return self.tok.apply_chat_template(
-                msgs, tools=tls or None, tokenize=False, add_generation_prompt=gen_prompt, **kwargs
-            )
-
-        try:
-            text = render(clean, tools)
-        except Exception as e:
-            raise BadRequest(f"the chat template could not render these messages: {e}", "messages") from e
-        # Message contents and tool descriptions are outside text: a control token spelled there is encoded as
-        # text, never as the control id (a tool result cannot forge a turn; see docs/families.md).
-        control = ControlTokens.of(self.tok, kwargs.get("chat_template") or getattr(self.tok, "chat_template", None))
-        prompt_ids = control.encode(text, outside_spans(render, clean, tools or [], text, control))
+        prompt_ids = await self._off_loop(self._chat_prompt, clean, tools, kwargs, gen_prompt)
         self._check_len(prompt_ids, params)
         n = self._n(body, 1)
         as_ids = bool(body.get("return_tokens_as_token_ids"))

@@ -62,7 +62,7 @@ from toolgym.tools.mcp.config import (
     load_mcp_config,
 )
 from toolgym.tools.mcp.connection import MCPServerConnection
-from toolgym.tools.mcp.results import ERROR_KIND_META, describe_connect_error
+from toolgym.tools.mcp.results import ERROR_KIND_META, MCPServerError, describe_connect_error
 from toolgym.tools.mcp.toolset import MCPTool, MCPToolset, PrefixMode, assign_tool_names, load_mcp_tools
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "ConfigSource",
     "MCPServerConfig",
     "MCPServerConnection",
+    "MCPServerError",
     "MCPTool",
     "MCPToolset",
     "PrefixMode",

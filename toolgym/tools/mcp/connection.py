@@ -26,6 +26,7 @@ from toolgym.tools.mcp.results import (
     _result_text,
     describe_connect_error,
 )
+from toolgym.tools.mcp.transport import filter_tool_lists, stdio_transport
 
 __all__ = ["MCPServerConnection"]
 
@@ -92,7 +93,8 @@ class MCPServerConnection:
 
     Args:
         config: the server's config entry.
-        connect_timeout_s: budget for starting the server and the MCP handshake.
+        connect_timeout_s: budget for starting the server and the MCP handshake; for an HTTP server whose config
+            sets ``timeout``, at most that.
         backoff_s: delay before the second consecutive (re)connect attempt after a failed one; doubles per
             failure up to ``max_backoff_s``. The first reconnect after a working session dies is immediate.
         max_backoff_s: cap on the reconnect delay.
@@ -104,6 +106,8 @@ class MCPServerConnection:
     Attributes:
         restarts: sessions opened after the first one (server restarts / reconnects).
         connect_failures: failed connect attempts.
+        invalid_tools: ``{tool name: why}`` for the tools the server lists that cannot be used (a malformed entry or
+            ``inputSchema``); they are left out of every ``tools/list`` and logged, the server's other tools work.
         hung_restarts: sessions dropped because ``restart_after_timeouts`` calls in a row got no answer (stdio: the
             server process restarted; HTTP: a new session).
     """
@@ -120,6 +124,11 @@ class MCPServerConnection:
     ) -> None:
         self.config = config
         self.ping_timeout_s = ping_timeout_s
+        if config.url is not None and config.timeout_s is not None:
+            # an HTTP handshake is a few requests: the config's per-call ``timeout`` bounds it too (a server that
+            # accepts and never answers is reported after that, not after the connect budget); a stdio server's
+            # start-up (a package download by ``uvx``, ...) keeps the whole budget
+            connect_timeout_s = min(connect_timeout_s, config.timeout_s)
         self.connect_timeout_s = connect_timeout_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -128,6 +137,7 @@ class MCPServerConnection:
         self.connect_failures = 0
         self.sessions_opened = 0
         self.hung_restarts = 0
+        self.invalid_tools: dict[str, str] = {}
         self._session: _Session | None = None
         self._connecting: asyncio.Future[_Session] | None = None
         self._consecutive_failures = 0
@@ -148,7 +158,6 @@ class MCPServerConnection:
     # -- session lifecycle (runtime loop only) ------------------------------------------------------
     def _server_target(self, stack: contextlib.AsyncExitStack) -> Any:
         from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
         from mcp.client.streamable_http import streamable_http_client
 
         c = self.config
@@ -156,15 +165,23 @@ class MCPServerConnection:
             params = StdioServerParameters(command=c.command, args=c.args, env=c.env, cwd=c.cwd)
             if self._stderr_file is None:  # every mode keeps a tail for start-up error messages
                 self._stderr_file = _StderrTail(c.stderr)
-            return stdio_client(params, errlog=self._stderr_file.writer)
-        assert c.url is not None
-        if c.headers:
-            import httpx2
+            target = stdio_transport(params, self._stderr_file.writer)
+        else:
+            assert c.url is not None
+            http_client = None
+            if c.headers:
+                import httpx2
 
-            http_client = httpx2.AsyncClient(headers=c.headers)
-            stack.push_async_callback(http_client.aclose)
-            return streamable_http_client(c.url, http_client=http_client)
-        return c.url
+                http_client = httpx2.AsyncClient(headers=c.headers)
+                stack.push_async_callback(http_client.aclose)
+            target = streamable_http_client(c.url, http_client=http_client)
+        return filter_tool_lists(target, self._invalid_tool)
+
+    def _invalid_tool(self, tool: str, why: str) -> None:
+        """A tool the server lists that cannot be used (malformed entry or ``inputSchema``): left out, reported once."""
+        if self.invalid_tools.get(tool) != why:
+            self.invalid_tools[tool] = why
+            logger.warning("MCP server %r: tool %r left out: invalid definition (%s)", self.name, tool, why)
 
     async def _own(self, session: _Session, ready: asyncio.Future[_Session]) -> None:
         """The owner task: enter the client, publish it, hold it until asked to stop, exit it here."""

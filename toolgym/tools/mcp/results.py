@@ -10,7 +10,12 @@ from typing import Any
 
 from toolgym.tools.base import ToolError, ToolErrorKind
 
-__all__ = ["ERROR_KIND_META", "describe_connect_error"]
+__all__ = ["ERROR_KIND_META", "MCPServerError", "describe_connect_error"]
+
+
+class MCPServerError(RuntimeError):
+    """An MCP server answered with something the client cannot use (e.g. a ``tools/list`` reply that is not a tool
+    list). Not a connection failure: the server is reachable; the message names it."""
 
 #: ``_meta`` key carrying the toolgym error kind of a failed call (``toolgym serve mcp`` sets it, the client reads it)
 ERROR_KIND_META = "toolgym/error_kind"
@@ -56,7 +61,7 @@ def _check_encodable(arguments: Mapping[str, Any]) -> None:
     ``"\\ud800"`` from the model's JSON, NaN) would otherwise fail inside the shared session's writer."""
     try:
         json.dumps(arguments, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError) as e:  # UnicodeEncodeError is a ValueError
+    except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
         raise ToolError(
             f"arguments cannot be encoded for the MCP transport: {type(e).__name__}: {e}".encode(
                 "utf-8", "backslashreplace").decode("utf-8"),

@@ -13,9 +13,20 @@ from toolgym.runtime import run_async, run_sync
 from toolgym.tools.base import Tool, ToolError
 from toolgym.tools.mcp.config import PREFIX_SEPARATOR, ConfigSource, load_mcp_config
 from toolgym.tools.mcp.connection import MCPServerConnection
-from toolgym.tools.mcp.results import describe_connect_error
+from toolgym.tools.mcp.results import MCPServerError, _is_connection_error, describe_connect_error
 
 __all__ = ["MCPTool", "MCPToolset", "PrefixMode", "assign_tool_names", "load_mcp_tools"]
+
+
+def _one_line(e: BaseException) -> str:
+    """A validation error (pydantic's are several lines) as one line: ``where: what`` per error."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join(f"{'.'.join(str(p) for p in x.get('loc', ()))}: {x.get('msg')}" for x in errors()[:3])
+        except Exception:  # noqa: BLE001 - not pydantic's errors(): fall back to the text
+            pass
+    return " ".join(describe_connect_error(e).split())
 
 
 class MCPTool(Tool):
@@ -133,9 +144,13 @@ class MCPToolset:
     async def aconnect(self) -> list[MCPTool]:
         """Start every server concurrently, list their tools and build :attr:`tools`.
 
+        A tool whose definition is unusable (a malformed entry or ``inputSchema``) is left out and logged with its
+        server and name (:attr:`skipped`); the server's other tools are kept.
+
         Raises:
             ConnectionError: a server could not be started / reached (names the server); the servers
                 that did start are closed again.
+            MCPServerError: a server answered ``tools/list`` with a reply that is not a tool list at all.
         """
         return await run_async(self._aconnect())
 
@@ -145,11 +160,18 @@ class MCPToolset:
         errors = [(n, r) for n, r in zip(names, listed, strict=True) if isinstance(r, BaseException)]
         if errors:
             await self._aclose()
-            msg = "; ".join(
-                f"{e.message if isinstance(e, ToolError) else f'{n}: ' + describe_connect_error(e)}"
-                for n, e in errors
-            )
-            raise ConnectionError(f"cannot start MCP servers: {msg}") from errors[0][1]
+            unreachable = [(n, e) for n, e in errors if isinstance(e, ToolError) or _is_connection_error(e)
+                           or isinstance(e, TimeoutError | ConnectionError)]  # fmt: skip
+            if len(unreachable) == len(errors):
+                msg = "; ".join(
+                    f"{e.message if isinstance(e, ToolError) else f'{n}: ' + describe_connect_error(e)}"
+                    for n, e in errors
+                )
+                raise ConnectionError(f"cannot start MCP servers: {msg}") from errors[0][1]
+            # the server answered, with something the client cannot use (not "cannot reach a service")
+            bad = [(n, e) for n, e in errors if (n, e) not in unreachable]
+            msg = "; ".join(f"MCP server {n!r}: {_one_line(e)}" for n, e in bad)
+            raise MCPServerError(f"invalid reply to tools/list: {msg}") from bad[0][1]
         per_server: dict[str, list[Any]] = {}
         for n, tools in zip(names, listed, strict=True):
             cfg = self.configs[n]
@@ -184,6 +206,11 @@ class MCPToolset:
                 )
         self.tools = out
         return out
+
+    @property
+    def skipped(self) -> dict[tuple[str, str], str]:
+        """``{(server, tool): why}``: tools listed with an unusable definition, left out."""
+        return {(n, t): why for n, conn in self.servers.items() for t, why in conn.invalid_tools.items()}
 
     def connect(self) -> list[MCPTool]:
         """Sync :meth:`aconnect` (runs on the runtime loop; not callable from inside it)."""

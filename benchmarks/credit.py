@@ -1,0 +1,355 @@
+"""Turn-level credit vs outcome-only GRPO on ``toolgym/CalculatorChain-v0``, measured on held-out tasks.
+
+Protocol (every arm identical except the ``advantage`` estimator):
+
+1. One warm start, shared by every arm: a few masked-SFT steps of the embedded SmolLM2-135M on oracle episodes of
+   the chain task's ``train`` split (it learns the call format, not yet reliable chains).
+2. For each training seed and each estimator (``outcome``, ``turn_return``, ``gigpo``): GRPO through
+   :func:`trainers.grpo.build_trainer` from the same warm-start weights, the same train tasks and the same seed,
+   until the same budget of **generated policy tokens** is spent (``token_budget``; the step at which it is crossed
+   finishes). Per step: training reward, success, process reward, cumulative tokens (the learning curves).
+3. Held-out evaluation of every final model: ``eval_tasks`` distinct ``test``-split chains (disjoint from train by
+   a hash of the text), fixed seeds, greedy. Paired 95% CIs (same tasks): each turn-level arm minus outcome, per
+   seed and pooled (per-task success averaged over seeds, then paired over tasks).
+
+Nothing is chosen on the held-out tasks: every knob below was fixed before the run (the warm start copies
+``make demo``'s, chosen there on train-split tasks). Results go to ``OUTPUT/results.json`` after every arm (a
+rerun with the same output dir skips finished arms), the plot to ``OUTPUT/credit.png``.
+
+Run::
+
+    python -m benchmarks.credit --output-dir runs/credit            # the full comparison (hours on 2 shared cores)
+    python -m benchmarks.credit --smoke --output-dir runs/credit-smoke   # ~2 minutes: the pipeline end to end
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+__all__ = ["CreditBenchConfig", "main", "run"]
+
+ENV_ID = "toolgym/CalculatorChain-v0"
+SYSTEM = "Call the calculator once per step, then reply <answer>RESULT</answer>."
+
+
+@dataclass
+class CreditBenchConfig:
+    """Knobs of the comparison (all fixed before measuring; see the module docstring)."""
+
+    output_dir: str = "runs/credit"
+    seeds: tuple[int, ...] = (0, 1, 2)
+    estimators: tuple[str, ...] = ("outcome", "turn_return", "gigpo")
+    gamma: float = 1.0
+    steps: tuple[int, int] = (2, 2)  # chain lengths (dependent calculator calls per task): 2 keeps a CPU run short
+    threads: int = 2
+    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct; "tiny": a tiny random model (tests)
+    max_turn_tokens: int = 48  # a chain step's call is ~42 tokens
+    # held-out evaluation
+    eval_tasks: int = 100
+    eval_seed: int = 20_000
+    # warm start (shared): masked SFT on oracle episodes of the train split
+    warmstart_episodes: int = 32
+    warmstart_steps: int = 3
+    warmstart_lr: float = 1e-4
+    eval_warmstart: bool = False  # one more 100-task evaluation (the warm start's own held-out success)
+    warmstart_batch_size: int = 8
+    # GRPO (per arm)
+    token_budget: int = 2400  # generated policy tokens per arm (~3 steps of 8 episodes)
+    max_steps: int = 12
+    num_generations: int = 4
+    prompts_per_step: int = 2
+    lr: float = 3e-5
+    temperature: float = 0.5
+    max_completion_length: int = 320
+    grpo_tasks: int = 128
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+SMOKE = {
+    "seeds": (0,), "estimators": ("outcome", "turn_return"), "eval_tasks": 4, "eval_warmstart": True,
+    "warmstart_episodes": 8, "warmstart_steps": 1, "token_budget": 1, "max_steps": 1, "num_generations": 2,
+    "prompts_per_step": 1, "grpo_tasks": 4, "max_completion_length": 200,
+}
+
+
+def _env_kwargs(cfg: CreditBenchConfig, split: str, tok: Any) -> dict[str, Any]:
+    from trainers.compact import compact_tools_template
+
+    return {"split": split, "steps": tuple(cfg.steps), "tokenizer": tok, "system_prompt": SYSTEM,
+            "chat_template": compact_tools_template()}
+
+
+def _save(out: Path, results: dict[str, Any]) -> None:
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1, default=str))
+    tmp.replace(out / "results.json")
+
+
+def run(cfg: CreditBenchConfig) -> dict[str, Any]:
+    """Run (or resume) the comparison; returns the results dict (also ``output_dir/results.json``)."""
+    import gymnasium as gym
+    import torch
+    from gymnasium.vector import AutoresetMode
+
+    import toolgym  # noqa: F401
+    from toolgym.envs.calculator_chain import chain_progress
+    from toolgym.eval import oracle_policy, wilson_interval
+    from toolgym.models import load_model
+    from toolgym.rollout import RolloutDriver, TransformersPolicy
+    from toolgym.tasks import draw_tasks
+    from trainers.grpo import Config as GRPORun
+    from trainers.grpo import build_trainer
+    from trainers.sft import collect, masked_sft
+
+    t_start = time.perf_counter()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    prev = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    results: dict[str, Any] = {"config": asdict(cfg), "env_id": ENV_ID, "arms": prev.get("arms", {}),
+                               "warmstart": prev.get("warmstart")}
+    if cfg.model == "tiny":
+        from toolgym.models import load_tokenizer, tiny_random_model
+
+        tok = load_tokenizer()
+        model = tiny_random_model(tok)
+    else:
+        model, tok = load_model(cfg.model)
+    ev_kw = _env_kwargs(cfg, "test", tok)
+    eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs=ev_kw)
+    eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
+    venv = gym.make_vec(ENV_ID, num_envs=len(eval_tasks), autoreset_mode=AutoresetMode.DISABLED, **ev_kw)
+    results["eval_task_ids"] = [t["id"] for t in eval_tasks]
+
+    def evaluate(m: Any) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        m.eval()
+        driver = RolloutDriver(venv, TransformersPolicy(m, tok, do_sample=False, return_logprobs=False),
+                               max_turn_tokens=cfg.max_turn_tokens)
+        trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
+        wins = [float(t.outcome_reward >= 1.0) for t in trajs]
+        prog = [chain_progress(t.turns, t.task) / len(t.task["values"]) for t in trajs]
+        return {"success": sum(wins) / len(wins), "success_ci95": list(wilson_interval(sum(wins), len(wins))),
+                "wins": wins, "steps_reached": sum(prog) / len(prog), "per_task_progress": prog,
+                "tool_call_rate": sum(bool(t.tool_calls) for t in trajs) / len(trajs),
+                "wall_s": round(time.perf_counter() - t0, 1)}
+
+    # -- warm start (shared) ------------------------------------------------------------------------------------
+    ws_path = out / "warmstart.pt"
+    if ws_path.exists():
+        model.load_state_dict(torch.load(ws_path))
+    else:
+        t0 = time.perf_counter()
+        torch.manual_seed(0)
+        ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=ev_kw)
+        kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
+                          max_turn_tokens=cfg.max_turn_tokens, env_kwargs=_env_kwargs(cfg, "train", tok))
+        losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
+                            batch_size=cfg.warmstart_batch_size, seed=0)
+        torch.save(model.state_dict(), ws_path)
+        results["warmstart"] = {"episodes": len(kept), "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
+    _save(out, results)
+    if cfg.eval_warmstart and not (results.get("warmstart") or {}).get("eval"):
+        results.setdefault("warmstart", {})["eval"] = evaluate(model)
+        _save(out, results)
+    ws = (results.get("warmstart") or {}).get("eval")
+    if ws:
+        print(f"[credit] warm start: held-out success {ws['success']:.1%} steps reached {ws['steps_reached']:.1%} "
+              f"({ws['wall_s']:.0f} s eval)", flush=True)
+    ws_state = copy.deepcopy(model.state_dict())
+    Budget = _budget_callback()  # noqa: N806
+
+    # -- arms ---------------------------------------------------------------------------------------------------
+    # outcome and the first turn-level estimator over every seed first, then the others: a run cut short still
+    # has paired arms on several seeds
+    order = [(s, e) for s in cfg.seeds for e in cfg.estimators[:2]]
+    order += [(s, e) for e in cfg.estimators[2:] for s in cfg.seeds]
+    for seed, est in order:
+        name = f"{est}/seed{seed}"
+        if name not in results["arms"]:
+            t0 = time.perf_counter()
+            model.load_state_dict(ws_state)
+            model.train()
+            torch.manual_seed(seed)
+            curve: list[dict[str, Any]] = []
+            holder: dict[str, Any] = {"tokens": 0}
+
+            bs = cfg.num_generations * cfg.prompts_per_step
+            trl = {
+                "output_dir": str(out / "grpo" / name), "max_steps": cfg.max_steps, "learning_rate": cfg.lr,
+                "per_device_train_batch_size": bs, "num_generations": cfg.num_generations,
+                "max_completion_length": cfg.max_completion_length, "temperature": cfg.temperature, "beta": 0.0,
+                "logging_steps": 1, "save_strategy": "no", "report_to": [], "seed": seed,
+                "use_cpu": not torch.cuda.is_available(), "disable_tqdm": True, "gradient_checkpointing": False,
+            }
+            gcfg = GRPORun(env_id=ENV_ID, env_kwargs={k: v for k, v in _env_kwargs(cfg, "train", tok).items()
+                                                      if k != "tokenizer"},
+                           max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=cfg.gamma, save_model=False,
+                           trajectory_dir=str(out / "trajectories" / name.replace("/", "_")), trl=trl)
+            tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=ev_kw)
+            trainer, rollout = build_trainer(gcfg, model=model, tokenizer=tok, tasks=tasks,
+                                             callbacks=[Budget(holder, curve, cfg.token_budget)])
+            holder["rollout"] = rollout
+            trainer.train()
+            rollout.close()
+            train_s = time.perf_counter() - t0
+            ev = evaluate(model)
+            results["arms"][name] = {"estimator": est, "seed": seed, "curve": curve, "tokens": holder["tokens"],
+                                     "steps": trainer.state.global_step, "train_s": round(train_s, 1), "eval": ev}
+            print(f"[credit] {name}: {trainer.state.global_step} steps, {holder['tokens']} policy tokens, "
+                  f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
+                  f"(train {train_s:.0f} s, eval {ev['wall_s']:.0f} s)", flush=True)
+            results["summary"] = summarize(results)
+            results["total_wall_s"] = round(time.perf_counter() - t_start + prev.get("total_wall_s", 0.0), 1)
+            _save(out, results)
+            plot(results, out / "credit.png")
+    results["summary"] = summarize(results)
+    _save(out, results)
+    plot(results, out / "credit.png")
+    venv.close()
+    print(json.dumps(results["summary"], indent=1), flush=True)
+    return results
+
+
+def _budget_callback() -> type:
+    from transformers import TrainerCallback
+
+    class Budget(TrainerCallback):
+        """Stops training once ``budget`` generated policy tokens are spent; records the learning curve."""
+
+        def __init__(self, holder: dict[str, Any], curve: list[dict[str, Any]], budget: int) -> None:
+            self.holder, self.curve, self.budget = holder, curve, budget
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            trajs = self.holder["rollout"].last_trajectories
+            self.holder["tokens"] += sum(sum(t.loss_mask) for t in trajs)
+            if self.holder["tokens"] >= self.budget:
+                control.should_training_stop = True
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if logs and "reward" in logs:
+                self.curve.append({"step": state.global_step, "tokens": self.holder["tokens"],
+                                   "reward": logs.get("reward"), "success": logs.get("toolgym/success"),
+                                   "process_reward": logs.get("toolgym/process_reward"),
+                                   "frac_reward_zero_std": logs.get("frac_reward_zero_std")})
+
+    return Budget
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Per estimator: held-out success per seed; vs ``outcome``: paired differences per seed and pooled."""
+    from toolgym.eval import paired_difference_ci
+
+    arms = results["arms"]
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for a in arms.values():
+        by.setdefault(a["estimator"], {})[a["seed"]] = a
+    out: dict[str, Any] = {}
+    base = by.get("outcome", {})
+    for est, seeds in by.items():
+        s: dict[str, Any] = {"seeds": sorted(seeds), "success": {k: v["eval"]["success"] for k, v in seeds.items()},
+                             "steps_reached": {k: v["eval"]["steps_reached"] for k, v in seeds.items()},
+                             "tokens": {k: v["tokens"] for k, v in seeds.items()}}
+        if est != "outcome":
+            common = sorted(set(seeds) & set(base))
+            s["vs_outcome_per_seed"] = {k: paired_difference_ci(base[k]["eval"]["wins"], seeds[k]["eval"]["wins"])
+                                        for k in common}
+            if common:
+                n = len(base[common[0]]["eval"]["wins"])
+                mean_b = [sum(base[k]["eval"]["wins"][i] for k in common) / len(common) for i in range(n)]
+                mean_e = [sum(seeds[k]["eval"]["wins"][i] for k in common) / len(common) for i in range(n)]
+                s["vs_outcome_pooled"] = paired_difference_ci(mean_b, mean_e)
+                pb = [sum(base[k]["eval"]["per_task_progress"][i] for k in common) / len(common) for i in range(n)]
+                pe = [sum(seeds[k]["eval"]["per_task_progress"][i] for k in common) / len(common) for i in range(n)]
+                s["steps_reached_vs_outcome_pooled"] = paired_difference_ci(pb, pe)
+        out[est] = s
+    return out
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Learning curves (training success vs generated tokens, one line per arm, colour per estimator) and the
+    held-out success per estimator (mean over seeds, each seed a dot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"outcome": "#777", "turn_return": "#2f6db5", "gigpo": "#d9822b"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    seen = set()
+    for a in results["arms"].values():
+        est = a["estimator"]
+        xs = [c["tokens"] for c in a["curve"]]
+        ys = [c["success"] for c in a["curve"]]
+        ax1.plot(xs, ys, "o-", color=colors.get(est, "k"), alpha=0.6, ms=3,
+                 label=None if est in seen else est)
+        seen.add(est)
+    ax1.set_xlabel("generated policy tokens")
+    ax1.set_ylabel("training success (train split, per step)")
+    ax1.set_ylim(-0.05, 1.05)
+    ax1.set_title("GRPO learning curves on CalculatorChain-v0 (one line per seed)")
+    ax1.legend(fontsize=8)
+    ests = [e for e in ("outcome", "turn_return", "gigpo") if any(a["estimator"] == e for a in results["arms"].values())]
+    ws = (results.get("warmstart") or {}).get("eval", {}).get("success")
+    for i, est in enumerate(ests):
+        vals = [a["eval"]["success"] for a in results["arms"].values() if a["estimator"] == est]
+        ax2.bar(i, sum(vals) / len(vals), color=colors.get(est, "k"), alpha=0.7)
+        ax2.plot([i] * len(vals), vals, "ko", ms=4)
+    if ws is not None:
+        ax2.axhline(ws, color="k", ls=":", lw=1, label=f"warm start {ws:.0%}")
+        ax2.legend(fontsize=8)
+    ax2.set_xticks(range(len(ests)), ests)
+    ax2.set_ylim(0, 1.05)
+    n = len(results.get("eval_task_ids", []))
+    ax2.set_title(f"held-out success ({n} test chains, greedy; dots = seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="turn-level credit vs outcome-only GRPO on CalculatorChain-v0")
+    ap.add_argument("--output-dir", default=None, help="where results.json, credit.png, trajectories go")
+    ap.add_argument("--smoke", action="store_true", help="a ~2-minute end-to-end run (1 seed, 1 step, 4 tasks)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
+    ap.add_argument("--estimators", nargs="+", default=None, help="default: outcome turn_return gigpo")
+    ap.add_argument("--token-budget", type=int, default=None, help="generated policy tokens per arm")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--model", default=None, help="model path; default the embedded SmolLM2-135M ('tiny': tests)")
+    a = ap.parse_args(argv)
+    cfg = CreditBenchConfig()
+    if a.smoke:
+        cfg = replace(cfg, output_dir="runs/credit-smoke", **SMOKE)  # type: ignore[arg-type]
+    if a.output_dir:
+        cfg.output_dir = a.output_dir
+    if a.seeds:
+        cfg.seeds = tuple(a.seeds)
+    if a.estimators:
+        cfg.estimators = tuple(a.estimators)
+    if a.token_budget is not None:
+        cfg.token_budget = a.token_budget
+    if a.threads is not None:
+        cfg.threads = a.threads
+    if a.model is not None:
+        cfg.model = a.model
+    run(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""toolgym/CalculatorChain-v0: tasks, splits, the oracle, and a process reward that only verified steps earn."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import toolgym  # noqa: F401 - registers the envs
+from toolgym.envs.calculator_chain import chain_progress, generate_chain
+from toolgym.rollout import EpisodeState, RolloutDriver, ScriptedPolicy
+from toolgym.tools.calculator import evaluate
+
+ENV = "toolgym/CalculatorChain-v0"
+
+
+def _run(script, n: int = 8, **env_kwargs):
+    driver = RolloutDriver(ENV, ScriptedPolicy(script), max_turn_tokens=128, num_envs=4,
+                           env_kwargs={"split": "test", **env_kwargs})
+    try:
+        return driver.run([None] * n, seeds=list(range(n)))
+    finally:
+        driver.venv.close()
+
+
+def _call(state: EpisodeState, expr: str) -> str:
+    return state.env.format.parser.format_calls([("calculator", {"expression": expr})])
+
+
+def test_tasks_are_dependent_chains_with_exact_intermediate_values():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        t = generate_chain(rng, "train")
+        assert 2 <= t["steps"] == len(t["ops"]) == len(t["values"]) <= 4
+        cur = t["start"]
+        for (op, x), v in zip(t["ops"], t["values"], strict=True):
+            cur = int(evaluate(f"{cur} {op} {x}"))
+            assert str(cur) == v
+            assert v not in t["prompt"].replace(",", " ").split()  # never shown
+        assert t["answer"] == t["values"][-1] and int(t["answer"]) > 0
+        assert sum(op == "*" for op, _ in t["ops"]) <= 1
+
+
+def test_splits_are_disjoint():
+    rng = np.random.default_rng(1)
+    train = {generate_chain(rng, "train")["prompt"] for _ in range(400)}
+    test = {generate_chain(rng, "test")["prompt"] for _ in range(100)}
+    assert len(test) > 90 and not train & test
+
+
+@pytest.mark.timeout(300)
+def test_oracle_solves_test_tasks_step_by_step_with_full_process_reward():
+    trajs = _run(lambda s: s.env.oracle(s), n=12)
+    for t in trajs:
+        n = t.task["steps"]
+        assert t.task["split"] == "test" and t.terminated and t.drift == {}
+        assert t.outcome_reward == 1.0
+        assert len(t.tool_calls) == n  # one dependent call per step
+        assert t.turn_rewards == pytest.approx([0.5 / n] * n + [0.0])  # each step's value verified on its turn
+        assert t.reward == pytest.approx(1.5)
+        assert t.answer == t.tool_results[-1].content.strip()
+
+
+@pytest.mark.timeout(300)
+def test_process_reward_is_not_a_format_bonus_and_cannot_be_farmed():
+    def wrong_then_repeat(s: EpisodeState) -> str:
+        t = s.task
+        first = f"{t['start']} {t['ops'][0][0]} {t['ops'][0][1]}"
+        if s.turn == 0:  # a well-formed call with a wrong step: no credit
+            return _call(s, f"{t['start']} + 1")
+        if s.turn in (1, 2):  # the right first step, twice: credited once
+            return _call(s, first)
+        return "<answer>0</answer>"
+
+    for t in _run(wrong_then_repeat, n=4, max_turns=4):
+        n = t.task["steps"]
+        assert t.turn_rewards == pytest.approx([0.0, 0.5 / n, 0.0, 0.0])
+        assert t.outcome_reward == 0.0
+
+    def shortcut(s: EpisodeState) -> str:  # the whole chain in one call: the outcome, not the skipped steps
+        t = s.task
+        if s.turn == 0:
+            expr = str(t["start"])
+            for op, x in t["ops"]:
+                expr = f"({expr} {op} {x})"
+            return _call(s, expr)
+        return f"<answer>{t['answer']}</answer>"
+
+    for t in _run(shortcut, n=4):
+        assert t.outcome_reward == 1.0 and sum(t.turn_rewards) == 0.0
+        assert chain_progress(t.turns, t.task) == 0
+
+
+def test_registered_and_answers_default_turn_budget():
+    import gymnasium as gym
+
+    env = gym.make(ENV, split="test", steps=(2, 3))
+    try:
+        obs, info = env.reset(seed=3)
+        assert info["task"]["split"] == "test" and 2 <= info["task"]["steps"] <= 3
+        assert env.unwrapped.max_turns == 5 and len(obs) > 0
+    finally:
+        env.close()

@@ -1,0 +1,158 @@
+"""Turn-level credit in TRL's GRPO: a thin ``GRPOTrainer`` subclass whose advantages are per token.
+
+TRL 1.16 computes one advantage per sequence in ``_generate_and_score_completions`` and its ``_compute_loss``
+accepts advantages of shape ``(B, T)`` ("to support subclasses that provide advantages with shape (B, T)").
+:class:`TurnCreditGRPOTrainer` overrides only that method: it calls ``super()``, then
+
+* gathers, from every process, what the estimator needs per episode (per-turn rewards, outcome reward, anchor
+  state keys: the rollout extra fields ``env_turn_rewards``, ``env_outcome``, ``env_anchors`` that
+  :class:`trainers.rollout_func.ToolgymRollout` returns and TRL merges into the inputs), because a group of
+  ``num_generations`` samples can span ranks;
+* computes one advantage per turn with :func:`trainers.credit.turn_advantages` (groups = TRL's: consecutive
+  ``num_generations`` samples of the global batch; ``scale`` = the trainer's ``scale_rewards``);
+* keeps this process's slice and spreads it over the tokens with :func:`trainers.credit.token_advantages` (each
+  turn's policy tokens get that turn's advantage, env tokens and padding 0), replacing ``advantages`` by a
+  ``(B, T)`` tensor.
+
+``advantage="outcome"`` (the default) leaves TRL's output untouched, so the loss is exactly today's; every
+estimator logs ``toolgym/turn{k}/reward`` and ``toolgym/turn{k}/advantage`` (means over the gathered batch) and,
+when the rollout saves trajectories, writes each turn's advantage into the rows (``turn_advantages``).
+
+Refused with turn-level estimators (they assume one advantage per sequence, or a reward this estimator does not
+see): ``off_policy_mask_threshold`` (a per-sequence keep/drop decided by the advantage's sign), ``loss_type="vespo"``
+(gamma weights chosen by the sign of a per-sequence advantage), ``multi_objective_aggregation="normalize_then_sum"``
+and reward functions other than the env's own (the estimator reads the env's per-turn and outcome rewards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from trl import GRPOTrainer
+
+from trainers.credit import check_estimator, token_advantages, turn_advantages
+
+__all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args"]
+
+#: rollout extra fields the estimator reads (``trainers.rollout_func.ToolgymRollout`` returns them)
+NEEDED = ("env_turn_rewards", "env_outcome", "env_turn_spans")
+
+
+def check_turn_credit_args(args: Any, advantage: str, reward_func_names: Sequence[str], gamma: float = 1.0) -> None:
+    """Raise ``ValueError`` when ``args`` (a ``trl.GRPOConfig``) and the reward functions cannot be combined with
+    the ``advantage`` estimator; ``outcome`` accepts everything (it is TRL's own computation)."""
+    check_estimator(advantage)
+    if not 0.0 < float(gamma) <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    if advantage == "outcome":
+        return
+    problems = []
+    if getattr(args, "off_policy_mask_threshold", None) is not None:
+        problems.append("off_policy_mask_threshold (keeps or drops whole sequences by the sign of one advantage)")
+    if getattr(args, "loss_type", None) == "vespo":
+        problems.append("loss_type='vespo' (weights chosen by the sign of one advantage per sequence)")
+    if getattr(args, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+        problems.append("multi_objective_aggregation other than 'sum_then_normalize'")
+    if list(reward_func_names) != ["env_reward"]:
+        problems.append(f"reward functions {list(reward_func_names)} (turn-level estimators read the env's per-turn "
+                        "and outcome rewards; use trainers.rollout_func.env_reward alone)")
+    if problems:
+        raise ValueError(f"advantage={advantage!r} gives every turn its own advantage and cannot be combined with: "
+                         + "; ".join(problems) + ". Use advantage='outcome' for those.")
+
+
+def _scale(trainer: Any) -> str:
+    s = getattr(trainer, "scale_rewards", "group")
+    if s is True:
+        return "group"
+    if s is False:
+        return "none"
+    return str(s)
+
+
+class TurnCreditGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` with per-turn advantages (module docstring). Extra keyword arguments:
+
+    Args:
+        advantage: one of :data:`trainers.credit.ESTIMATORS` (default ``outcome``: TRL's own advantages).
+        gamma: per-turn discount of ``turn_return`` / ``gigpo`` returns, ``(0, 1]``.
+        gigpo_omega: weight of GiGPO's step-level advantage.
+    """
+
+    def __init__(self, *args: Any, advantage: str = "outcome", gamma: float = 1.0, gigpo_omega: float = 1.0,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check_turn_credit_args(self.args, advantage, self.reward_func_names, gamma)
+        self.advantage = advantage
+        self.gamma = float(gamma)
+        self.gigpo_omega = float(gigpo_omega)
+        self.last_turn_advantages: list[list[float]] = []
+        rf = getattr(self, "rollout_func", None)
+        if rf is not None and hasattr(rf, "defer_write"):
+            rf.defer_write = True
+
+    def _gather(self, rows: list[Any]) -> list[Any]:
+        if self.accelerator.num_processes == 1:
+            return rows
+        from accelerate.utils import gather_object
+
+        return list(gather_object(rows))
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+
+        output = super()._generate_and_score_completions(inputs)
+        missing = [k for k in NEEDED if k not in inputs[0]]
+        if missing:
+            if self.advantage == "outcome":
+                return output
+            raise ValueError(f"advantage={self.advantage!r} needs the rollout extra fields {list(NEEDED)} "
+                             f"(missing {missing}): use trainers.rollout_func.ToolgymRollout as rollout_func")
+        mode = "train" if self.model.training else "eval"
+        n_gen = self.num_generations if mode == "train" else self.num_generations_eval
+        local = [{"r": [float(x) for x in inp["env_turn_rewards"]], "o": float(inp["env_outcome"]),
+                  "a": [int(x) for x in inp.get("env_anchors") or []]} for inp in inputs]
+        rows = self._gather(local)
+        start = self.accelerator.process_index * len(inputs)
+        if self.advantage == "outcome":  # TRL's own numbers, only spread over turns for logs and files
+            seq = output["advantages"].detach().float().cpu().tolist()
+            mine = [[a] * len(r["r"]) for a, r in zip(seq, local, strict=True)]
+            every = self._gather(mine)
+        else:
+            anchors = [r["a"] for r in rows] if self.advantage == "gigpo" else None
+            if anchors is not None and any(len(a) != len(r["r"]) for a, r in zip(anchors, rows, strict=True)):
+                raise ValueError("advantage='gigpo' needs env_anchors with one key per turn")
+            every = turn_advantages(
+                [r["r"] for r in rows], [r["o"] for r in rows], [i // n_gen for i in range(len(rows))],
+                estimator=self.advantage, gamma=self.gamma, anchors=anchors, scale=_scale(self),
+                omega=self.gigpo_omega,
+            )
+            mine = every[start: start + len(inputs)]
+            mask = output["completion_mask"]
+            if output.get("tool_mask") is not None:
+                mask = mask * output["tool_mask"]
+            mask_np = mask.detach().cpu().numpy()
+            width = mask_np.shape[1]
+            tok = np.stack([
+                token_advantages(mine[i], inputs[i]["env_turn_spans"], mask_np[i], length=width)
+                for i in range(len(inputs))
+            ])
+            output["advantages"] = torch.as_tensor(tok, dtype=torch.float32, device=output["advantages"].device)
+        self.last_turn_advantages = mine
+        self._log_turns(mode, [r["r"] for r in rows], every)
+        rf = getattr(self, "rollout_func", None)
+        if rf is not None and hasattr(rf, "write_pending"):
+            rf.write_pending(mine)
+        return output
+
+    def _log_turns(self, mode: str, rewards: list[list[float]], advs: list[list[float]]) -> None:
+        kmax = max((len(r) for r in rewards), default=0)
+        for k in range(kmax):
+            rk = [r[k] for r in rewards if len(r) > k]
+            ak = [a[k] for a in advs if len(a) > k]
+            self._metrics[mode][f"toolgym/turn{k}/reward"].append(float(np.mean(rk)))
+            self._metrics[mode][f"toolgym/turn{k}/advantage"].append(float(np.mean(ak)))
+            self._metrics[mode][f"toolgym/turn{k}/advantage_abs"].append(float(np.mean(np.abs(ak))))
+        self._metrics[mode]["toolgym/process_reward"].append(float(np.mean([sum(r) for r in rewards] or [0.0])))
