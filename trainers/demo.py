@@ -53,7 +53,7 @@ class DemoConfig:
     eval_tasks: int = 100
     eval_seed: int = 10_000
     max_turn_tokens: int = 64
-    eval_batch_size: int = 25  # episodes per generate() call (bounds the KV cache; the result does not depend on it)
+    eval_batch_size: int = 25  # episodes per generate() call (bounds the KV cache; may flip rare greedy near-ties)
     # memory: micro-batches of the training forward/backward (gradients accumulated; same step, less activation
     # memory) and activation checkpointing (recompute instead of keep)
     train_micro_batch_size: int = 2
