@@ -53,7 +53,8 @@ verl-test: $(VERL_STAMP)
 	$(VERL_VENV)/bin/python -m pytest tests/verl_adapter
 
 demo: $(STAMP)
-	$(BIN)/python -m trainers.demo --config trainers/configs/demo_cpu.yaml
+	# one glibc heap arena (generation runs in a worker thread, training in the main thread): measured -0.7 GB RSS
+	MALLOC_ARENA_MAX=1 $(BIN)/python -m trainers.demo --config trainers/configs/demo_cpu.yaml
 
 lint: $(STAMP)
 	$(BIN)/ruff check toolgym trainers tests benchmarks

@@ -48,6 +48,7 @@ from toolgym.cli_common import (
     CLIError,
     ExitCode,
     add_ui_arguments,
+    apply_run_settings,
     check_output,
     check_reachable,
     check_report_to,
@@ -158,6 +159,7 @@ def format_summary(summary: dict[str, Any], stats: dict[str, Any] | None = None)
 def cmd_rollout(args: argparse.Namespace) -> int:
     env_id = resolve_env_id(args.env)
     env_kwargs = parse_env_kwargs(args.env_kwarg or [])
+    apply_run_settings(args, env_kwargs)  # a checkpoint's own prompt and turn budget, unless given here
     if args.episodes < 1:
         raise CLIError("--episodes must be >= 1", ExitCode.USAGE)
     if args.max_new_tokens < 1:
