@@ -6,6 +6,9 @@ and tokenize the observation) against the tokenizer's own ``encode`` of the same
 
     .venv/bin/python benchmarks/vector_step.py            # full run (N = 1, 16, 64, 256)
     .venv/bin/python benchmarks/vector_step.py --quick    # N = 1, 16
+    .venv/bin/python benchmarks/vector_step.py --scale    # toolgym alone at N = 256, 1024, 4096: ms per step,
+                                                          # us per episode-step, memory; with and without
+                                                          # gc.freeze() after setup
 
 Prints a table and the ratios; ``--json PATH`` also writes the numbers.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import time
@@ -140,6 +144,79 @@ def bench_overhead(reps: int = 500) -> tuple[float, float, float]:
     return statistics.median(env_times), statistics.median(enc_times), statistics.median(rust_times)
 
 
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def bench_scale(n: int, reps: int, freeze: bool) -> dict[str, float]:
+    """toolgym at ``n`` episodes: every step of ``reps`` (after one warm-up) with every sub-env calling the 50 ms
+    tool; ``freeze``: ``gc.freeze()`` after setup, so a full (gen-2) collection never walks the setup's objects
+    inside a step. Returns median/max ms per step, the overhead per episode-step above the tool's 50 ms, the
+    number of gen-2 collections that ran inside timed steps, and the memory the vector env added (MiB)."""
+    gc.collect()
+    rss0 = _rss_mb()
+    envs = ToolVectorEnv(make_env, num_envs=n)
+    acts_by_rep = []
+    for r in range(reps + 1):
+        envs.reset(seed=r)
+        acts_by_rep.append([envs.envs[i].encode_action(call("wait50", i)) for i in range(n)])
+    envs.reset(seed=0)
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    gen2 = [0]
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start" and info.get("generation") == 2:
+            gen2[0] += 1
+
+    times = []
+    for r in range(reps + 1):
+        envs.reset(seed=r)
+        acts = acts_by_rep[r]
+        if r == 1:
+            gc.callbacks.append(count)
+        t0 = time.perf_counter()
+        envs.step(acts)
+        times.append(time.perf_counter() - t0)
+    gc.callbacks.remove(count)
+    rss = _rss_mb() - rss0
+    envs.close()
+    if freeze:
+        gc.unfreeze()
+    timed = times[1:]
+    med = statistics.median(timed)
+    return {"n": n, "gc_freeze": freeze, "median_ms": med * 1e3, "max_ms": max(timed) * 1e3,
+            "us_per_episode_step": max(0.0, med - TOOL_S) / n * 1e6, "gen2_collections_in_steps": gen2[0],
+            "memory_mb": rss, "reps": reps}
+
+
+def main_scale(sizes: list[int], reps: int, json_path: str | None) -> None:
+    print(f"toolgym at scale: one step, every sub-env calls a {TOOL_S * 1e3:.0f} ms tool ({reps} timed steps each)")
+    print(f"{'N':>5} {'gc.freeze':>9} {'median ms':>10} {'max ms':>8} {'us/ep-step':>11} {'gen-2 GCs':>10} "
+          f"{'MiB':>7}")
+    rows = []
+    for n in sizes:
+        for freeze in (False, True):
+            row = bench_scale(n, reps, freeze)
+            rows.append(row)
+            print(f"{n:>5} {'yes' if freeze else 'no':>9} {row['median_ms']:>10.1f} {row['max_ms']:>8.1f} "
+                  f"{row['us_per_episode_step']:>11.1f} {row['gen2_collections_in_steps']:>10} "
+                  f"{row['memory_mb']:>7.0f}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"scale": rows}, f, indent=2)
+    print(json.dumps({"toolgym_bench": "vector_scale", "units": {"median_ms": "median wall ms per vector step",
+                      "us_per_episode_step": "overhead above the 50 ms tool per episode-step"}, "results": rows}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N = 1, 16 only")
@@ -147,7 +224,13 @@ def main() -> None:
     ap.add_argument("--async-max", type=int, default=64,
                     help="largest N for gymnasium AsyncVectorEnv (one process per env: ~250 MB each)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--scale", action="store_true", help="toolgym alone at N = 256, 1024, 4096 (or --sizes), "
+                    "with and without gc.freeze() after setup: ms per step, us per episode-step, memory")
+    ap.add_argument("--reps", type=int, default=9, help="timed steps per N with --scale")
     args = ap.parse_args()
+    if args.scale:
+        main_scale(args.sizes or [256, 1024, 4096], args.reps, args.json)
+        return
     sizes = args.sizes or ([1, 16] if args.quick else [1, 16, 64, 256])
     rows = []
     print(f"one step, every sub-env calls a {TOOL_S * 1e3:.0f} ms tool (median wall ms)")

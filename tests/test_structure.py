@@ -39,7 +39,8 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm"
 #: rule 4: the layers, top (imported by everything below) to bottom; a module may import only its own layer or one
 #: above it. Same order as the package map in docs/concepts.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching"),
+    ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
+     "toolgym.checkpoint"),
     ("toolgym.models",),
     ("toolgym.tools",),
     ("toolgym.trajectory",),

@@ -16,6 +16,7 @@ Subcommands::
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
     toolgym train grpo|sft|rft|dpo|reward_model [--config FILE.yaml] [--FIELD VALUE ...]   (the [train] extra)
+    toolgym ui [--host 127.0.0.1] [--port 7860] [--runs runs/] [--token-file F]   web page (the [ui] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
 
@@ -46,6 +47,8 @@ from toolgym.cli_bench import add_parsers as add_bench_parsers
 from toolgym.cli_common import (
     CLIError,
     ExitCode,
+    add_ui_arguments,
+    apply_run_settings,
     check_output,
     check_reachable,
     check_report_to,
@@ -156,6 +159,7 @@ def format_summary(summary: dict[str, Any], stats: dict[str, Any] | None = None)
 def cmd_rollout(args: argparse.Namespace) -> int:
     env_id = resolve_env_id(args.env)
     env_kwargs = parse_env_kwargs(args.env_kwarg or [])
+    apply_run_settings(args, env_kwargs)  # a checkpoint's own prompt and turn budget, unless given here
     if args.episodes < 1:
         raise CLIError("--episodes must be >= 1", ExitCode.USAGE)
     if args.max_new_tokens < 1:
@@ -249,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("registry", help="model registry on MLflow: register, attach-eval, list, promote "
                        "(`toolgym registry --help`)", add_help=False)
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the registry")
+    s = sub.add_parser("ui", help="the web page: tools, rewards, training jobs, runs, evaluation and registry "
+                       "(docs/ui.md; the [ui] extra)")
+    add_ui_arguments(s)
     s = sub.add_parser("train", help="train with an algorithm of trainers.ALGORITHMS: grpo, sft, rft, dpo, "
                        "reward_model (`toolgym train --help`)",
                        description="toolgym train NAME [--config FILE.yaml] [--FIELD VALUE ...]: see "
@@ -274,6 +281,8 @@ def run_train(argv: list[str]) -> int:
 def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["registry"]:  # trainers/registry.py owns its arguments
         return int(trainers_module("trainers.registry").main(argv[1:]))
+    if argv[:1] == ["ui"]:  # trainers/ui owns its arguments
+        return int(trainers_module("trainers.ui").main(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).
     if len(argv) >= 2 and argv[0] in ("bench", "serve") and not argv[1].startswith("-"):
         table = BENCHMARKS if argv[0] == "bench" else SERVERS

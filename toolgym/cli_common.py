@@ -23,6 +23,8 @@ from toolgym.errors import CLIError, ExitCode
 __all__ = [
     "CLIError",
     "ExitCode",
+    "add_ui_arguments",
+    "apply_run_settings",
     "check_output",
     "check_reachable",
     "check_report_to",
@@ -268,3 +270,41 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
         model, tok = load_model(path)
     policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True)
     return policy, tok
+
+
+def add_ui_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``toolgym ui`` (parsed by ``trainers.ui.server``; declared here once so that ``toolgym --help``
+    and the docs check see them)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
+    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
+    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")
+
+
+def apply_run_settings(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """When ``--policy`` is a model directory carrying ``toolgym_run.json`` (:mod:`toolgym.checkpoint`), use its
+    env kwargs (system prompt, chat template, ...) and per-turn token budget as defaults, so the checkpoint is
+    evaluated with the prompt it was trained on; ``--env-kwarg`` and ``--max-new-tokens`` given explicitly win.
+    Fills ``args.max_new_tokens`` (default 128) and ``env_kwargs`` in place; returns the settings (or ``None``)."""
+    from toolgym.checkpoint import RunSettingsError, read_run_settings
+
+    settings = None
+    spec = str(getattr(args, "policy", "") or "")
+    if spec and "://" not in spec and spec not in ("oracle", "embedded", "tiny") and Path(spec).expanduser().is_dir():
+        try:
+            settings = read_run_settings(Path(spec).expanduser())
+        except RunSettingsError as e:
+            raise CLIError(str(e), ExitCode.INPUT) from None
+    if settings is not None:
+        for key, value in settings["env_kwargs"].items():
+            env_kwargs.setdefault(key, value)
+        if args.max_new_tokens is None and settings.get("max_turn_tokens"):
+            args.max_new_tokens = int(settings["max_turn_tokens"])
+        keys = ", ".join(sorted(settings["env_kwargs"])) or "no env kwargs"
+        print(f"toolgym: using the run settings of {spec} ({keys}; {args.max_new_tokens or 128} tokens per turn)",
+              file=sys.stderr)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 128
+    return settings

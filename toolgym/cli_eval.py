@@ -16,6 +16,7 @@ from typing import Any
 from toolgym.cli_common import (
     CLIError,
     ExitCode,
+    apply_run_settings,
     check_output,
     check_report_to,
     env_construction_error,
@@ -35,7 +36,8 @@ def add_run_args(s: argparse.ArgumentParser, *, temperature: float, what: str) -
     ``what``: what ``--report-to`` logs, for the help text)."""
     s.add_argument("--temperature", type=nonnegative_float, default=temperature,
                    help="sampling temperature (>= 0); 0 = greedy")
-    s.add_argument("--max-new-tokens", type=int, default=128, help="tokens sampled per assistant turn")
+    s.add_argument("--max-new-tokens", type=int, default=None, help="tokens sampled per assistant turn (default: "
+                   "the checkpoint's toolgym_run.json, else 128)")
     s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
     s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
@@ -95,6 +97,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     env_id = resolve_env_id(args.env)
     env_kwargs = parse_env_kwargs(args.env_kwarg or [])
+    apply_run_settings(args, env_kwargs)  # a checkpoint's own prompt and turn budget, unless given here
     for flag, value in (("-k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--num-envs", args.num_envs)):
         if value < 1:
             raise CLIError(f"{flag} must be >= 1, got {value}", ExitCode.USAGE)

@@ -14,6 +14,7 @@ with that tokenizer render the same prompt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,17 @@ def compact_tools_template() -> str:
     return full[:start] + _COMPACT_TOOLS + full[end + len("{%- elif"):]
 
 
-def save_checkpoint(model: Any, tokenizer: Any, path: str | Path, *, chat_template: str | None = None) -> Path:
+def save_checkpoint(model: Any, tokenizer: Any, path: str | Path, *, chat_template: str | None = None,
+                    run_settings: Mapping[str, Any] | None = None) -> Path:
     """Save ``model`` and a copy of ``tokenizer`` (with ``chat_template`` if given) in Hugging Face format, so
-    ``toolgym.models.load_model(path)`` loads both. The shared tokenizer object is not mutated."""
+    ``toolgym.models.load_model(path)`` loads both. The shared tokenizer object is not mutated.
+
+    ``run_settings``: keyword arguments of :func:`toolgym.checkpoint.write_run_settings` (``env_id``,
+    ``env_kwargs`` such as the system prompt and chat template, ``max_turn_tokens``, ``eval``), written as
+    ``toolgym_run.json`` so ``toolgym eval --policy path`` renders the prompt the model was trained on."""
     import copy
+
+    from toolgym.checkpoint import write_run_settings
 
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
@@ -56,4 +64,6 @@ def save_checkpoint(model: Any, tokenizer: Any, path: str | Path, *, chat_templa
     if chat_template is not None:
         tok.chat_template = chat_template
     tok.save_pretrained(str(p))
+    if run_settings is not None:
+        write_run_settings(p, **run_settings)
     return p

@@ -39,6 +39,9 @@ from toolgym.eval import paired_difference_ci, wilson_interval
 __all__ = ["DemoConfig", "main", "run_demo"]
 
 ENV_ID = "toolgym/Calculator-v0"
+#: the held-out evaluations' trajectory files under ``<output_dir>/trajectories/`` (plain names: the docs quote them)
+EVAL_FILES = {"before": "eval_before.jsonl", "after warm start": "eval_after_warmstart.jsonl",
+              "after GRPO": "eval_after_grpo.jsonl"}
 
 
 @dataclass
@@ -53,6 +56,11 @@ class DemoConfig:
     eval_tasks: int = 100
     eval_seed: int = 10_000
     max_turn_tokens: int = 64
+    eval_batch_size: int = 25  # episodes per generate() call (bounds the KV cache; may flip rare greedy near-ties)
+    # memory: micro-batches of the training forward/backward (gradients accumulated; same step, less activation
+    # memory) and activation checkpointing (recompute instead of keep)
+    train_micro_batch_size: int = 2
+    gradient_checkpointing: bool = True
     # warm start: masked SFT on oracle episodes ("train" split)
     warmstart_episodes: int = 32
     warmstart_steps: int = 3
@@ -110,7 +118,11 @@ def _decode_completion(tok: Any, traj: Any) -> str:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the metrics dict (also written to ``output_dir/metrics.json``)."""
+    from toolgym.resources import Phases
+
     t_start = time.perf_counter()
+    phases = Phases()
+    phases.mark("load")
     import torch
     from transformers import TrainerCallback
 
@@ -145,10 +157,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     def evaluate(tag: str) -> tuple[dict[str, Any], list[float], list[Any]]:
         t0 = time.perf_counter()
-        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
+        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False,
+                                    max_batch_size=cfg.eval_batch_size or None)
         driver = RolloutDriver(venv, policy, max_turn_tokens=cfg.max_turn_tokens)
         trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
-        write_trajectories(out / "trajectories" / f"eval_{tag}.jsonl", trajs)
+        write_trajectories(out / "trajectories" / EVAL_FILES[tag], trajs)
         s = summarize(trajs)
         wins = [float(t.outcome_reward >= 1.0) for t in trajs]
         s["n_tasks"] = len(trajs)
@@ -157,13 +170,17 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         print(f"[demo] held-out {tag:<16}: {_fmt(s)}", flush=True)
         return s, wins, trajs
 
+    run_settings = {"env_id": ENV_ID, "env_kwargs": pk, "max_turn_tokens": cfg.max_turn_tokens,
+                    "eval": {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed}}  # toolgym_run.json
     metrics: dict[str, Any] = {
         "env_id": ENV_ID, "eval_split": "test", "eval_task_ids": [t["id"] for t in eval_tasks],
         "eval_seeds": eval_seeds, "prompt": {"compact": bool(pk), "system_prompt": pk.get("system_prompt"),
                                              "prompt_tokens": prompt_len},
         "config": asdict(cfg),
     }
+    phases.mark("eval_before")
     metrics["eval_before"], wins_before, _ = evaluate("before")
+    phases.mark("warmstart")
 
     # -- warm start: a few masked-SFT steps on oracle episodes ----------------------------------------------------
     t0 = time.perf_counter()
@@ -177,18 +194,25 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
           f"{cfg.warmstart_lr:g}) on {len(kept)} oracle episodes of the train split ({n_tok} policy tokens; env "
           "tokens masked).\n[demo]   it shows the format of a call and an answer, e.g.: "
           f"{_decode_completion(tok, kept[0])}", flush=True)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
-                        batch_size=cfg.warmstart_batch_size, seed=cfg.seed)
+                        batch_size=cfg.warmstart_batch_size, seed=cfg.seed,
+                        micro_batch_size=cfg.train_micro_batch_size or None)
     metrics["warmstart"] = {"episodes": len(kept), "policy_tokens": n_tok, "steps": cfg.warmstart_steps,
                             "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"[demo] warm start done in {metrics['warmstart']['wall_s']:.0f} s: loss "
           + " -> ".join(f"{x:.2f}" for x in losses), flush=True)
+    phases.mark("eval_after_warmstart")
     metrics["eval_after_warmstart"], wins_ws, trajs_ws = evaluate("after warm start")
-    ckpt_ws = save_checkpoint(model, tok, out / "warmstart", chat_template=pk.get("chat_template"))
+    phases.mark("save")
+    ckpt_ws = save_checkpoint(model, tok, out / "warmstart", chat_template=pk.get("chat_template"),
+                              run_settings=run_settings)
     print(f"[demo]   e.g. held-out task {eval_tasks[0]['expression']!r} -> {_decode_completion(tok, trajs_ws[0])}",
           flush=True)
 
     # -- GRPO through the adapter --------------------------------------------------------------------------------
+    phases.mark("grpo")
     t0 = time.perf_counter()
     per_step: list[dict[str, Any]] = []
     last = [time.perf_counter()]
@@ -222,11 +246,13 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         trajectory_dir=str(out / "trajectories" / "grpo"), save_model=False,  # saved below, with the template
         trl=dict(
             output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
-            per_device_train_batch_size=bs, num_generations=cfg.grpo_num_generations,
+            per_device_train_batch_size=min(bs, cfg.train_micro_batch_size or bs), generation_batch_size=bs,
+            gradient_accumulation_steps=bs // min(bs, cfg.train_micro_batch_size or bs),
+            num_generations=cfg.grpo_num_generations,
             max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
             beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
             use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
-            gradient_checkpointing=False,  # TRL defaults it on; a 135M model does not need it (it recomputes forwards)
+            gradient_checkpointing=cfg.gradient_checkpointing,
         ),
     )
     grpo_tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=cfg.seed + 2, split="train", env_kwargs={"tokenizer": tok})
@@ -236,16 +262,21 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     model.train()
     grpo.run(grpo_cfg, model=model, tokenizer=tok, tasks=grpo_tasks, callbacks=[StepPrinter()])
     model.eval()
+    model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
+    phases.mark("eval_after_grpo")
     metrics["eval_after_grpo"], wins_after, trajs_after = evaluate("after GRPO")
+    phases.mark("save")
     print(f"[demo]   e.g. held-out task {eval_tasks[0]['expression']!r} -> {_decode_completion(tok, trajs_after[0])}",
           flush=True)
-    ckpt_final = save_checkpoint(model, tok, out / "final", chat_template=pk.get("chat_template"))
+    ckpt_final = save_checkpoint(model, tok, out / "final", chat_template=pk.get("chat_template"),
+                                 run_settings=run_settings)
     metrics["checkpoints"] = {"warmstart": str(ckpt_ws), "final": str(ckpt_final)}
     metrics["grpo_gain"] = paired_difference_ci(wins_ws, wins_after)
     metrics["warmstart_gain"] = paired_difference_ci(wins_before, wins_ws)
     metrics["total_wall_s"] = round(time.perf_counter() - t_start, 1)
+    metrics["resources"] = phases.to_dict()  # wall/CPU seconds and peak RSS (MiB) of each phase, process peak
 
     _plot(metrics, out / "demo.png")
     tmp = out / "metrics.json.tmp"
@@ -263,7 +294,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     print(f"[demo]   GRPO's own gain (paired, after GRPO - after warm start): {g['mean']:+.1%} "
           f"[95% CI {g['lo']:+.1%}, {g['hi']:+.1%}] ({verdict})")
     print(f"[demo] wrote {out / 'demo.png'}, {out / 'metrics.json'}, checkpoints {ckpt_ws} and {ckpt_final}, "
-          f"trajectories in {out / 'trajectories'}/ -- total {metrics['total_wall_s']:.0f} s")
+          f"trajectories in {out / 'trajectories'}/ -- total {metrics['total_wall_s']:.0f} s, peak RSS "
+          f"{metrics['resources']['peak_rss_mb']:.0f} MiB")
     return metrics
 
 

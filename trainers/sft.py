@@ -144,6 +144,7 @@ def masked_sft(
     schedule: str = "linear",
     max_grad_norm: float = 1.0,
     on_step: Callable[[int, float], None] | None = None,
+    micro_batch_size: int | None = None,
 ) -> list[float]:
     """Fine-tune ``model`` in place on the trajectories' policy tokens (``loss_mask`` 1) for ``steps`` steps;
     returns the loss per step. The shared fast path of :func:`train_sft`-style SFT, RFT (:mod:`trainers.rft`)
@@ -153,6 +154,9 @@ def masked_sft(
     takes one AdamW step (no weight decay) on :func:`masked_sft_loss`, clips the gradient norm to
     ``max_grad_norm``. ``schedule``: ``"linear"`` (decay to 0, like ``transformers``' default), ``"constant"``,
     or ``"onecycle"`` (10% warm-up, cosine down). ``on_step(step, loss)`` is called after each step.
+    ``micro_batch_size``: run each step's forward/backward in chunks of this many trajectories and accumulate the
+    gradient (each chunk's loss weighted by its share of the step's policy tokens, so the step's loss and gradient
+    are those of the whole batch up to float rounding); bounds activation memory. ``None``: the whole batch.
     """
     import torch
 
@@ -179,18 +183,29 @@ def masked_sft(
             if len(order) < min(batch_size, len(ids)):
                 order += torch.randperm(len(ids), generator=gen).tolist()
             b, order = order[:batch_size], order[batch_size:]
-            width = int(attn[b].sum(dim=1).max())
-            loss = masked_sft_loss(model, ids[b, :width], attn[b, :width], target[b, :width])
             opt.zero_grad()
-            loss.backward()
+            mbs = micro_batch_size or len(b)
+            n_all = int(target[b, 1:].sum())
+            loss_total = 0.0
+            for j in range(0, len(b), mbs):
+                mb = b[j : j + mbs]
+                width = int(attn[mb].sum(dim=1).max())
+                share = int(target[mb, 1:width].sum()) / max(1, n_all)
+                if share == 0:
+                    continue
+                loss = masked_sft_loss(model, ids[mb, :width], attn[mb, :width], target[mb, :width]) * share
+                loss.backward()
+                loss_total += float(loss.item())
+                del loss
             if max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             opt.step()
             sched.step()
-            losses.append(float(loss.item()))
+            losses.append(loss_total)
             if on_step is not None:
                 on_step(k + 1, losses[-1])
     finally:
+        opt.zero_grad(set_to_none=True)  # the last step's gradients (one copy of the weights) are not kept
         model.eval()
     return losses
 

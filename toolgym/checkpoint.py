@@ -1,0 +1,91 @@
+"""What a checkpoint must carry so that evaluating it reproduces the run that produced it.
+
+A model directory holds weights and a tokenizer; the tokenizer carries the chat template. What it does not carry
+is how the *env* rendered the episodes the model was trained and evaluated on: the system prompt, a chat template
+that overrides the tokenizer's, the per-turn token budget. A checkpoint trained on a short system prompt and
+evaluated with the env's default one can drop from 44% to 0% (measured on ``make demo``'s warm start).
+
+:func:`write_run_settings` writes those settings next to the weights as ``toolgym_run.json``; ``toolgym eval`` and
+``toolgym rollout`` read them with :func:`read_run_settings` when ``--policy`` is a model directory and use them
+as defaults (an explicit ``--env-kwarg`` or ``--max-new-tokens`` wins). File layout (JSON object)::
+
+    {"format": 1,
+     "env_id": "toolgym/Calculator-v0",                 # the env it was trained on (informational)
+     "env_kwargs": {"system_prompt": "...", "chat_template": "..."},   # JSON-serialisable env kwargs
+     "max_turn_tokens": 64,                              # tokens per assistant turn
+     "eval": {"split": "test", "tasks": 100, "seed": 10000}}          # how the run evaluated it (informational)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RUN_SETTINGS_FILE", "RunSettingsError", "read_run_settings", "write_run_settings"]
+
+#: The file name inside a checkpoint directory.
+RUN_SETTINGS_FILE = "toolgym_run.json"
+_FORMAT = 1
+
+
+class RunSettingsError(ValueError):
+    """A checkpoint's ``toolgym_run.json`` exists but cannot be used (not JSON, wrong types, newer format)."""
+
+
+def write_run_settings(
+    checkpoint: str | os.PathLike[str],
+    *,
+    env_id: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    max_turn_tokens: int | None = None,
+    eval: Mapping[str, Any] | None = None,  # noqa: A002 - the JSON key
+) -> Path:
+    """Write ``checkpoint/toolgym_run.json`` atomically; returns its path.
+
+    Args:
+        checkpoint: the model directory (created if missing).
+        env_id: the env the model was trained on.
+        env_kwargs: env kwargs that fix the prompt (``system_prompt``, ``chat_template``, ...); JSON values only
+            (a tokenizer or other objects raise ``TypeError``).
+        max_turn_tokens: the per-turn token budget of training and evaluation.
+        eval: how the producing run evaluated the checkpoint (e.g. ``{"split", "tasks", "seed"}``).
+    """
+    d = Path(checkpoint)
+    d.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {"format": _FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
+                            "max_turn_tokens": max_turn_tokens, "eval": dict(eval or {})}
+    text = json.dumps(data, indent=2, sort_keys=True)  # TypeError on anything that is not JSON
+    target = d / RUN_SETTINGS_FILE
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(target)
+    return target
+
+
+def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The settings :func:`write_run_settings` stored in ``checkpoint``, or ``None`` when it has none (not a
+    directory, or no ``toolgym_run.json``).
+
+    Raises:
+        RunSettingsError: the file is not valid JSON, has the wrong shape, or comes from a newer format.
+    """
+    f = Path(checkpoint) / RUN_SETTINGS_FILE
+    if not f.is_file():
+        return None
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise RunSettingsError(f"{f}: not readable JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("env_kwargs", {}), dict):
+        raise RunSettingsError(f"{f}: expected an object with an 'env_kwargs' object")
+    if int(data.get("format", _FORMAT)) > _FORMAT:
+        raise RunSettingsError(f"{f}: format {data['format']} is newer than this toolgym reads ({_FORMAT})")
+    mtt = data.get("max_turn_tokens")
+    if mtt is not None and (not isinstance(mtt, int) or mtt < 1):
+        raise RunSettingsError(f"{f}: max_turn_tokens must be a positive integer, got {mtt!r}")
+    data.setdefault("env_kwargs", {})
+    data.setdefault("eval", {})
+    return data

@@ -1,0 +1,241 @@
+"""The web UI's in-process pages: the tool playground (a registered env's tools or an MCP ``mcpServers`` config:
+list the tools, call one by hand through the same :class:`~toolgym.tools.executor.ToolExecutor` an env uses, and
+read the classified result as the model would) and the reward composer (library rewards with weights, run on a
+trajectory file; every component per episode and per turn).
+
+Every failure is a :class:`UIError` with a one-line message for the page; nothing here raises a traceback at it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REWARD_LIBRARY", "ToolPlayground", "UIError", "score_file"]
+
+
+class UIError(ValueError):
+    """Bad input or a failure to show on the page as one clear line (HTTP 400)."""
+
+
+class ToolPlayground:
+    """One loaded tool source at a time (an env's executor or an MCP config's servers); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closer: Any = None
+        self.executor: Any = None
+        self.source = ""
+
+    def _replace(self, executor: Any, closer: Any, source: str) -> None:
+        old = self._closer
+        self.executor, self._closer, self.source = executor, closer, source
+        if old is not None:
+            try:
+                old()
+            except Exception:  # noqa: BLE001 - closing the previous source must not hide the new one
+                pass
+
+    def load_env(self, name: str) -> list[dict[str, Any]]:
+        """Build env ``name`` (any spelling ``toolgym list`` accepts, or ``module:Env-v0``) and return its tools."""
+        import gymnasium as gym
+
+        from toolgym.cli_common import CLIError, env_construction_error, resolve_env_id
+
+        name = (name or "").strip()
+        if not name:
+            raise UIError("pick an env")
+        with self._lock:
+            try:
+                env_id = resolve_env_id(name)
+            except CLIError as e:
+                raise UIError(e.message) from None
+            try:
+                env = gym.make(env_id)
+            except Exception as e:  # noqa: BLE001 - shown as the CLI would show it
+                raise UIError(env_construction_error(env_id, e).message) from None
+            self._replace(env.unwrapped.executor, env.close, env_id)
+            return self.schemas()
+
+    def load_mcp(self, text: str) -> list[dict[str, Any]]:
+        """Start the servers of an MCP config (JSON text ``{"mcpServers": {...}}``) and return their tools."""
+        from toolgym.runtime import run_sync
+        from toolgym.tools.executor import ToolExecutor
+        from toolgym.tools.mcp import MCPToolset
+
+        text = (text or "").strip()
+        if not text.startswith(("{", "[")):
+            raise UIError('an MCP config is JSON: {"mcpServers": {"name": {"command": ..., "args": [...]}}}')
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UIError(f"MCP config is not valid JSON: {e}") from None
+        hidden = _config_secrets(data)
+        with self._lock:
+            try:
+                ts = MCPToolset(data)
+            except (ValueError, TypeError) as e:
+                raise UIError(_hide(f"bad MCP config: {e}", hidden)) from None
+            try:
+                tools = ts.connect()
+            except (ConnectionError, ValueError, OSError) as e:
+                raise UIError(_hide(str(e), hidden)) from None
+            executor = ToolExecutor(tools)
+            self._replace(executor, lambda: run_sync(executor.aclose()), "MCP: " + ", ".join(ts.configs))
+            return self.schemas()
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The loaded tools as the model sees them: ``[{"name", "description", "parameters"}]``."""
+        if self.executor is None:
+            return []
+        out = []
+        for s in self.executor.schemas():
+            fn = s.get("function", s)
+            out.append({"name": fn.get("name"), "description": fn.get("description", ""),
+                        "parameters": fn.get("parameters", {})})
+        return out
+
+    def call(self, name: str, arguments: str) -> dict[str, Any]:
+        """Call tool ``name`` with ``arguments`` (JSON object text) through the executor. Malformed arguments are
+        a ``parse_error`` result, as for a model; the result is ``{"content", "error_kind", "latency_s", ...}``."""
+        from toolgym.runtime import run_sync
+        from toolgym.tools.base import ToolCall
+
+        if self.executor is None:
+            raise UIError("load an env or an MCP config first")
+        raw = (arguments or "").strip() or "{}"
+        try:
+            args = json.loads(raw)
+            error = None if isinstance(args, dict) else "arguments must be a JSON object"
+        except json.JSONDecodeError as e:
+            args, error = {}, f"arguments are not valid JSON: {e}"
+        call = ToolCall(name=name or "", arguments=args if error is None else {}, raw=raw, id="call_ui_0",
+                        parse_error=error)
+        with self._lock:
+            res = run_sync(self.executor.run(call))
+        return res.to_dict()
+
+    def close(self) -> None:
+        with self._lock:
+            self._replace(None, None, "")
+
+
+def _config_secrets(data: Any) -> list[str]:
+    """The values of an MCP config's ``env`` and ``headers`` (API keys, bearer tokens): never shown back."""
+    servers = data.get("mcpServers") if isinstance(data, dict) else None
+    out: list[str] = []
+    for cfg in (servers.values() if isinstance(servers, dict) else []):
+        for key in ("env", "headers"):
+            table = cfg.get(key) if isinstance(cfg, dict) else None
+            if isinstance(table, dict):
+                out += [str(v) for v in table.values() if isinstance(v, str) and len(v) >= 6]
+    return sorted(out, key=len, reverse=True)
+
+
+def _hide(text: str, secrets: Sequence[str]) -> str:
+    for s in secrets:
+        text = text.replace(s, "***")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rewards
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _library() -> dict[str, tuple[Any, str]]:
+    from toolgym import rewards as R
+
+    return {
+        "exact_match": (R.ExactMatch, "outcome: 1 when the answer equals a gold answer (normalised); field: the "
+                                      "task key with the golds (default golden_answers)"),
+        "f1": (R.F1, "outcome: token F1 of the answer against the golds; field as exact_match"),
+        "numeric_match": (R.NumericMatch, "outcome: 1 when the number in the answer matches the task's number "
+                                          "(field default: answer)"),
+        "answer_format": (R.AnswerFormat, "outcome: 1 when the last turn is a well-formed final answer"),
+        "tool_call_format": (R.ToolCallFormat, "per turn: +0.1 for a turn whose calls all succeeded, penalties "
+                                               "by error kind (parse_error -0.2, unknown_tool -0.2, ...)"),
+    }
+
+
+REWARD_LIBRARY = ("exact_match", "f1", "numeric_match", "answer_format", "tool_call_format")
+"""The rewards the composer offers (classes of :mod:`toolgym.rewards`)."""
+
+
+def reward_library() -> list[dict[str, Any]]:
+    """``[{"name", "help", "per_turn", "has_field"}]`` for the page."""
+    lib = _library()
+    return [{"name": k, "help": h, "per_turn": k == "tool_call_format",
+             "has_field": k in ("exact_match", "f1", "numeric_match")} for k, (_, h) in lib.items()]
+
+
+def build_reward(parts: Sequence[Mapping[str, Any]]) -> Any:
+    """A :class:`~toolgym.rewards.Combine` from ``[{"name", "weight", "field"?}]`` (library names)."""
+    from toolgym.rewards import Combine
+
+    lib = _library()
+    items = []
+    for p in parts:
+        name = str(p.get("name", ""))
+        if name not in lib:
+            raise UIError(f"unknown reward {name!r}; the library has: {', '.join(lib)}")
+        try:
+            weight = float(p.get("weight", 1.0))
+        except (TypeError, ValueError):
+            raise UIError(f"{name}: weight {p.get('weight')!r} is not a number") from None
+        if weight != weight or weight in (float("inf"), float("-inf")):
+            raise UIError(f"{name}: weight must be finite")
+        cls = lib[name][0]
+        field = str(p.get("field") or "").strip()
+        items.append((cls(field) if field and name in ("exact_match", "f1", "numeric_match") else cls(), weight))
+    if not items:
+        raise UIError("add at least one reward")
+    return Combine(items)
+
+
+def score_file(path: Path, parts: Sequence[Mapping[str, Any]], *, limit: int = 200) -> dict[str, Any]:
+    """Run the composition on the trajectories of ``path`` (the first ``limit``): per episode the total (outcome +
+    the per-turn rewards of every turn, as the env pays them) and every component (a per-turn one summed over the
+    turns), and per turn the per-turn value and components. Returns ``{"weights", "n", "shown", "episodes"}``."""
+    from toolgym.rewards.base import outcome_score, turn_score
+    from toolgym.runtime import run_sync
+    from toolgym.trajectory import Trajectory, TrajectoryFormatError, read_trajectories
+
+    reward = build_reward(parts)
+    try:
+        rows = read_trajectories(path)
+    except (TrajectoryFormatError, OSError, ValueError) as e:
+        raise UIError(str(e)) from None
+    if not rows:
+        raise UIError(f"{path.name} holds no trajectories")
+
+    async def one(k: int, row: Mapping[str, Any]) -> dict[str, Any]:
+        traj = Trajectory.from_dict(dict(row))
+        task = traj.task or {}
+        out = await outcome_score(reward, traj, task)
+        turns = []
+        if reward.per_turn:
+            for i, turn in enumerate(traj.turns):
+                s = await turn_score(reward, turn, traj, task)
+                turns.append({"turn": i, "value": s.value, "components": dict(s.components)})
+        comps = dict(out.components)
+        for t in turns:  # a per-turn reward counts once per turn: its episode value is the sum over turns
+            for name, v in t["components"].items():
+                if name not in out.components:
+                    comps[name] = comps.get(name, 0.0) + v
+        return {"episode": k, "task": task.get("id"), "value": out.value + sum(t["value"] for t in turns),
+                "outcome": out.value, "components": comps, "turns": turns, "answer": (traj.answer or "")[:200]}
+
+    async def all_() -> list[dict[str, Any]]:
+        import asyncio
+
+        return list(await asyncio.gather(*(one(k, r) for k, r in enumerate(rows[:limit]))))
+
+    try:
+        eps = run_sync(all_())
+    except Exception as e:  # noqa: BLE001 - a reward that fails on this file is reported, not raised at the page
+        raise UIError(f"the reward failed on {path.name}: {type(e).__name__}: {e}") from None
+    return {"weights": reward.weights, "n": len(rows), "shown": len(eps), "episodes": eps}
