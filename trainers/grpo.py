@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainers.contract import RunResult
@@ -81,13 +82,19 @@ def build_trainer(
     """
     from toolgym.tasks import draw_tasks
     from trainers.contract import load_policy
+    from trainers.is_metrics import add_is_metrics
+    from trainers.preflight import check_report_to, check_server_hosts, ensure_model_dir, needs_model_dir, num_machines
     from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
     from trainers.runconfig import trl_config
     from trainers.tracking import mlflow_callbacks
 
     args = trl_config("GRPOConfig", config.trl)
+    check_report_to(args.report_to)  # a missing tracker: one clear error naming its extra, before any loading
+    check_server_hosts(args, num_machines())  # several nodes: the vLLM server host must not be loopback
     if model is None:
         model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
+    if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM
+        ensure_model_dir(model, tokenizer, Path(args.output_dir) / "base_model")
     env_kwargs = dict(config.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
     if tasks is None:
@@ -102,6 +109,7 @@ def build_trainer(
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
         advantage=config.advantage, gamma=config.gamma,
     )
+    add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
     return trainer, rollout
 
 

@@ -38,7 +38,7 @@ from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
 from trainers.credit import anchor_key
 
-__all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "make_dataset", "prompt_key"]
+__all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "guard_empty_completions", "make_dataset", "prompt_key"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -47,8 +47,11 @@ __all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "make_dataset", "prompt_
 
 
 @contextlib.contextmanager
-def _turn_budget(trainer: Any, max_new_tokens: int) -> Iterator[None]:
-    """Temporarily set the trainer's generation budget (transformers and vLLM paths) to ``max_new_tokens``."""
+def _turn_budget(trainer: Any, max_new_tokens: int, stop_ids: Sequence[int] = ()) -> Iterator[None]:
+    """Temporarily set the trainer's generation budget (transformers and vLLM paths) to ``max_new_tokens`` and
+    make generation stop on ``stop_ids`` too (the env's end-of-turn ids: GLM's ``<|observation|>``, GPT-OSS's
+    ``<|call|>``, ... are not the tokenizer's EOS): vLLM gets them as ``stop_token_ids`` (server and colocate:
+    ``vllm_generation.generation_kwargs``), transformers as extra ``eos_token_id`` values."""
     saved: list[tuple[Any, str, Any]] = []
     gc = getattr(trainer, "generation_config", None)
     if gc is not None:
@@ -58,6 +61,18 @@ def _turn_budget(trainer: Any, max_new_tokens: int) -> Iterator[None]:
     if vg is not None and hasattr(vg, "max_completion_length"):
         saved.append((vg, "max_completion_length", vg.max_completion_length))
         vg.max_completion_length = max_new_tokens
+    if stop_ids:
+        eos = list(getattr(trainer, "eos_token_ids", None) or [])
+        extra = [int(t) for t in dict.fromkeys(stop_ids) if int(t) not in eos]
+        if extra and gc is not None and not getattr(trainer, "use_vllm", False):
+            saved.append((gc, "eos_token_id", gc.eos_token_id))
+            saved.append((trainer, "eos_token_ids", trainer.eos_token_ids))
+            gc.eos_token_id = [*eos, *extra]
+            trainer.eos_token_ids = [*eos, *extra]
+        if extra and vg is not None and isinstance(getattr(vg, "generation_kwargs", None), dict):
+            saved.append((vg, "generation_kwargs", vg.generation_kwargs))
+            prev = list(vg.generation_kwargs.get("stop_token_ids") or [])
+            vg.generation_kwargs = {**vg.generation_kwargs, "stop_token_ids": [*prev, *(t for t in extra if t not in prev)]}
     gk = getattr(trainer, "generation_kwargs", None)
     gk_saved = dict(gk) if isinstance(gk, dict) else None
     if isinstance(gk, dict) and "max_new_tokens" in gk:
@@ -89,6 +104,8 @@ class TRLPolicy:
         self.trainer = trainer
         self.calls = 0
         self._filler: list[int] | None = None
+        self._stops: set[int] = set()
+        self._pool: Any = None
 
     @property
     def world_size(self) -> int:
@@ -109,9 +126,25 @@ class TRLPolicy:
         return self._agree([local])[0]
 
     async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        if self.world_size == 1:
+        colocate = getattr(self.trainer, "use_vllm", False) and getattr(self.trainer, "vllm_mode", "") == "colocate"
+        if self.world_size == 1 and not colocate:
             return await asyncio.to_thread(self.generate, requests)
-        return self.generate(requests)  # collectives stay on the calling thread, in program order
+        # Several processes: generation is collective (gather, vLLM server, ZeRO-3), so every call runs on the same
+        # dedicated thread, one at a time, in program order; the event loop stays free for tool I/O meanwhile.
+        # An in-process (colocated) vLLM engine is likewise always called from that one thread (not tried on a GPU).
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toolgym-collective-generate")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._generate_on_device, requests)
+
+    def _generate_on_device(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        device = self.trainer.accelerator.device
+        if getattr(device, "type", "cpu") == "cuda":  # the current CUDA device is per thread
+            import torch
+
+            torch.cuda.set_device(device)
+        return self.generate(requests)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         if requests and self._filler is None:
@@ -125,7 +158,9 @@ class TRLPolicy:
             if self._filler is None:
                 raise RuntimeError("TRLPolicy: no filler prompt for a rank without episodes")
             prompts += [self._filler] * (count - len(prompts))
-        with _turn_budget(self.trainer, budget):
+        for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
+            self._stops.update(int(t) for t in (r.stop_ids or ()))
+        with _turn_budget(self.trainer, budget, sorted(self._stops)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())
@@ -300,7 +335,7 @@ class ToolgymRollout:
             else:
                 write_trajectories(self.trajectory_dir / f"rank{rank}.jsonl", trajs, append=True)
         logprobs = [t.logprobs for t in trajs]
-        return {
+        rows = {
             "prompt_ids": [list(t.prompt_ids) for t in trajs],
             "completion_ids": [list(t.completion_ids) for t in trajs],
             "logprobs": None if any(lp is None for lp in logprobs) else [list(lp) for lp in logprobs],
@@ -317,6 +352,32 @@ class ToolgymRollout:
             "env_anchors": [[anchor_key(list(t.prompt_ids) + list(t.completion_ids[: u.action_start]))
                              for u in t.turns] for t in trajs],
         }
+        rows["env_empty"] = guard_empty_completions(rows, _end_id(trainer), ctx)
+        return rows
+
+
+def _end_id(trainer: Any) -> int:
+    eos = list(getattr(trainer, "eos_token_ids", None) or [])
+    tok = getattr(trainer, "processing_class", None)
+    return int(eos[0] if eos else getattr(tok, "eos_token_id", None) or 0)
+
+
+def guard_empty_completions(rows: dict[str, Any], end_id: int, context: int | None = None) -> list[bool]:
+    """Give every empty completion one masked ``end_id`` token (TRL 1.16 indexes ``completion_ids[i][-1]`` and
+    would crash on an empty row): ``env_mask`` 0, logprob 0.0, so nothing of it is trained on. An empty completion
+    means the prompt reached the context (or the budget was 0); such a prompt is left-truncated to
+    ``context - 1`` tokens so prompt + completion fit. Edits ``rows`` in place; returns which rows were empty."""
+    empty = [len(c) == 0 for c in rows["completion_ids"]]
+    for i, e in enumerate(empty):
+        if not e:
+            continue
+        rows["completion_ids"][i] = [end_id]
+        rows["env_mask"][i] = [0]
+        if rows.get("logprobs") is not None:
+            rows["logprobs"][i] = [0.0]
+        if context is not None and len(rows["prompt_ids"][i]) >= context:
+            rows["prompt_ids"][i] = rows["prompt_ids"][i][len(rows["prompt_ids"][i]) - (context - 1):]
+    return empty
 
     def write_pending(self, turn_advantages: Sequence[Sequence[float]] | None = None) -> None:
         """Write the trajectories held back by ``defer_write``, each row with ``turn_advantages`` (one float per
@@ -345,6 +406,7 @@ def env_reward(
     env_turns: list[int] | None = None,
     env_truncated: list[bool] | None = None,
     env_errors: list[list[str]] | None = None,
+    env_empty: list[bool] | None = None,
     log_metric: Any = None,
     **_: Any,
 ) -> list[float]:
@@ -365,6 +427,8 @@ def env_reward(
             log_metric("toolgym/turns", float(np.mean(env_turns)))
         if env_truncated is not None:
             log_metric("toolgym/truncated", float(np.mean(env_truncated)))
+        if env_empty is not None:  # prompts at/over the context: one masked filler token, reward as the env gave
+            log_metric("toolgym/empty_completions", float(np.mean(env_empty)))
         if env_errors is not None:
             for kind in ToolErrorKind:
                 log_metric(f"toolgym/errors/{kind.value}", sum(e.count(kind.value) for e in env_errors) / n)
