@@ -355,6 +355,23 @@ class ToolgymRollout:
         rows["env_empty"] = guard_empty_completions(rows, _end_id(trainer), ctx)
         return rows
 
+    def write_pending(self, turn_advantages: Sequence[Sequence[float]] | None = None) -> None:
+        """Write the trajectories held back by ``defer_write``, each row with ``turn_advantages`` (one float per
+        turn, what the trainer gave that turn's policy tokens) when given; no-op when nothing is pending."""
+        if self.pending is None:
+            return
+        from toolgym.rollout import write_trajectories
+
+        path, trajs = self.pending
+        self.pending = None
+        rows = []
+        for i, t in enumerate(trajs):
+            row = t.to_dict()
+            if turn_advantages is not None:
+                row["turn_advantages"] = [float(a) for a in turn_advantages[i]]
+            rows.append(row)
+        write_trajectories(path, rows, append=True)
+
 
 def _end_id(trainer: Any) -> int:
     eos = list(getattr(trainer, "eos_token_ids", None) or [])
@@ -378,23 +395,6 @@ def guard_empty_completions(rows: dict[str, Any], end_id: int, context: int | No
         if context is not None and len(rows["prompt_ids"][i]) >= context:
             rows["prompt_ids"][i] = rows["prompt_ids"][i][len(rows["prompt_ids"][i]) - (context - 1):]
     return empty
-
-    def write_pending(self, turn_advantages: Sequence[Sequence[float]] | None = None) -> None:
-        """Write the trajectories held back by ``defer_write``, each row with ``turn_advantages`` (one float per
-        turn, what the trainer gave that turn's policy tokens) when given; no-op when nothing is pending."""
-        if self.pending is None:
-            return
-        from toolgym.rollout import write_trajectories
-
-        path, trajs = self.pending
-        self.pending = None
-        rows = []
-        for i, t in enumerate(trajs):
-            row = t.to_dict()
-            if turn_advantages is not None:
-                row["turn_advantages"] = [float(a) for a in turn_advantages[i]]
-            rows.append(row)
-        write_trajectories(path, rows, append=True)
 
 
 def env_reward(
