@@ -281,6 +281,26 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def report_markdown(results: dict[str, Any]) -> str:
+    """The results as a Markdown table (one row per finished arm) plus the paired comparisons available."""
+    lines = ["| arm | GRPO steps | policy tokens | held-out success [95% CI] | chain steps reached | train s | eval s |",
+             "|---|---|---|---|---|---|---|"]
+    for name, a in results["arms"].items():
+        ev = a["eval"]
+        lo, hi = ev["success_ci95"]
+        lines.append(f"| {name} | {a['steps']} | {a['tokens']} | {ev['success']:.0%} [{lo:.0%}, {hi:.0%}] | "
+                     f"{ev['steps_reached']:.1%} | {a['train_s']:.0f} | {ev['wall_s']:.0f} |")
+    for est, s in (results.get("summary") or {}).items():
+        if est == "outcome":
+            continue
+        for key, label in (("vs_outcome_pooled", "success"), ("steps_reached_vs_outcome_pooled", "steps reached")):
+            d = s.get(key)
+            if d:
+                lines.append(f"\n{est} - outcome, {label} (paired over {d['n']} tasks, seeds {s['seeds']}): "
+                             f"{d['mean']:+.3f} [95% CI {d['lo']:+.3f}, {d['hi']:+.3f}]")
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Learning curves (training success vs generated tokens, one line per arm, colour per estimator) and the
     held-out success per estimator (mean over seeds, each seed a dot)."""
@@ -330,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--estimators", nargs="+", default=None, help="default: outcome turn_return gigpo")
     ap.add_argument("--token-budget", type=int, default=None, help="generated policy tokens per arm")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--report", action="store_true", help="print OUTPUT/results.json as Markdown and exit")
     ap.add_argument("--model", default=None, help="model path; default the embedded SmolLM2-135M ('tiny': tests)")
     a = ap.parse_args(argv)
     cfg = CreditBenchConfig()
@@ -347,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg.threads = a.threads
     if a.model is not None:
         cfg.model = a.model
+    if a.report:
+        print(report_markdown(json.loads((Path(cfg.output_dir) / "results.json").read_text())))
+        return 0
     run(cfg)
     return 0
 

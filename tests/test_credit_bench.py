@@ -22,6 +22,7 @@ def test_credit_benchmark_smoke(tmp_path):
         assert arm["curve"] and arm["curve"][0]["tokens"] == arm["tokens"]
     assert "vs_outcome_pooled" in r["summary"]["turn_return"]
     assert (tmp_path / "credit.png").stat().st_size > 0
+    assert main(["--report", "--output-dir", str(tmp_path)]) == 0
     rows = [json.loads(x) for x in (tmp_path / "trajectories" / "turn_return_seed0" / "rank0.jsonl").read_text()
             .splitlines()]
     assert rows and all(len(x["turn_advantages"]) == len(x["turns"]) for x in rows)

@@ -174,6 +174,28 @@ def test_outcome_is_todays_advantage_and_loss(tmp_path):
     assert trainer.last_turn_advantages[0] == pytest.approx([out["advantages"][0].item()] * len(trajs[0].turns))
 
 
+def test_gigpo_uses_the_anchor_states_of_the_turns(tmp_path):
+    from trainers.credit import anchor_key
+
+    trainer, rollout, tasks = make_trainer(tmp_path, advantage="gigpo")
+    trainer.model.train()
+    out = trainer._generate_and_score_completions(batch_inputs(tasks))
+    trajs = rollout.last_trajectories
+    anchors = [[anchor_key(list(t.prompt_ids) + list(t.completion_ids[: u.action_start])) for u in t.turns]
+               for t in trajs]
+    # the oracle episodes of a group share their first two states (same calls, same tool results)
+    assert anchors[0][1] == anchors[2][1] and anchors[0][0] == anchors[3][0]
+    want = turn_advantages([t.turn_rewards for t in trajs], [t.outcome_reward for t in trajs],
+                           [i // 4 for i in range(8)], estimator="gigpo", anchors=anchors)
+    assert [x for a in trainer.last_turn_advantages for x in a] == pytest.approx([x for a in want for x in a])
+    adv = out["advantages"].numpy()
+    mask = (out["completion_mask"] * out["tool_mask"]).numpy()
+    assert np.all(adv[mask == 0] == 0)
+    t0 = trajs[0]
+    u = t0.turns[1]
+    assert np.allclose(adv[0, [p for p in range(u.action_start, u.action_end) if t0.loss_mask[p]]], want[0][1])
+
+
 @pytest.mark.parametrize("cfg, match", [
     ({"off_policy_mask_threshold": 0.5}, "off_policy_mask_threshold"),
     ({"loss_type": "vespo"}, "vespo"),
