@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import toolgym  # noqa: F401
-from toolgym.envs.calculator import CalculatorEnv, ExactNumber
-from toolgym.rewards import Combine, ToolCallFormat
+from toolgym.envs.calculator import CalculatorEnv
+from toolgym.rewards import Combine, NumericMatch, ToolCallFormat
 from toolgym.rollout import RolloutDriver, ScriptedPolicy
 from toolgym.trajectory import Trajectory, Turn
 from toolgym.vector import ToolVectorEnv
@@ -31,7 +31,7 @@ from trainers.verl.rewards import (
 
 class _TurnRewardCalculator(CalculatorEnv):
     def __init__(self, **kwargs):
-        kwargs.setdefault("reward", Combine({ExactNumber(): 1.0, ToolCallFormat(ok=0.25, no_call=-0.5): 1.0}))
+        kwargs.setdefault("reward", Combine({NumericMatch("answer", exact=True): 1.0, ToolCallFormat(ok=0.25, no_call=-0.5): 1.0}))
         super().__init__(**kwargs)
 
 

@@ -33,8 +33,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWo
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from toolgym.envs.calculator import CalculatorEnv, ExactNumber  # noqa: E402
-from toolgym.rewards import Combine, ToolCallFormat  # noqa: E402
+from toolgym.envs.calculator import CalculatorEnv  # noqa: E402
+from toolgym.rewards import Combine, NumericMatch, ToolCallFormat  # noqa: E402
 from toolgym.rollout import RolloutDriver, ScriptedPolicy  # noqa: E402
 from toolgym.vector import ToolVectorEnv  # noqa: E402
 from trainers.credit import token_advantages, turn_advantages  # noqa: E402
@@ -52,7 +52,7 @@ class CalculatorTurns(CalculatorEnv):
     """Calculator-v0 with a per-turn reward as well: +0.25 for a call that ran, -0.5 for a turn without one."""
 
     def __init__(self, **kwargs):
-        kwargs.setdefault("reward", Combine({ExactNumber(): 1.0, ToolCallFormat(ok=CALL_OK, no_call=NO_CALL): 1.0}))
+        kwargs.setdefault("reward", Combine({NumericMatch("answer", exact=True): 1.0, ToolCallFormat(ok=CALL_OK, no_call=NO_CALL): 1.0}))
         super().__init__(**kwargs)
 
 

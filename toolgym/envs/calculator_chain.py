@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from toolgym.envs.base import ToolEnv
-from toolgym.envs.calculator import parse_number
 from toolgym.rewards.base import Reward, Score
+from toolgym.rewards.rules import exact_number, parse_exact_number
 from toolgym.tools.calculator import calculator_tool
 from toolgym.trajectory import Trajectory, Turn
 
@@ -104,7 +104,7 @@ def generate_chain(rng: np.random.Generator, split: str = "train", steps: tuple[
 def _advance(turn: Turn, values: Sequence[Fraction], reached: int) -> int:
     """``reached`` after ``turn``: each ok calculator result equal to the next chain value moves it by one."""
     for r in turn.results:
-        if reached < len(values) and r.ok and parse_number(r.content) == values[reached]:
+        if reached < len(values) and r.ok and parse_exact_number(r.content) == values[reached]:
             reached += 1
     return reached
 
@@ -129,8 +129,7 @@ class ChainReward(Reward):
         self.process_weight = float(process_weight)
 
     async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
-        got = parse_number(trajectory.answer)
-        return float(got is not None and got == Fraction(task["answer"]))
+        return exact_number(trajectory.answer, task["answer"])
 
     async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         values = [Fraction(v) for v in task["values"]]
