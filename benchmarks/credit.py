@@ -101,12 +101,11 @@ def _save(out: Path, results: dict[str, Any]) -> None:
 
 def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     """Run (or resume) the comparison; returns the results dict (also ``output_dir/results.json``)."""
-    import gymnasium as gym
     import torch
-    from gymnasium.vector import AutoresetMode
 
     import toolgym  # noqa: F401
     from toolgym.envs.calculator_chain import chain_progress
+    from toolgym.envs.registration import make_vector_env
     from toolgym.eval import oracle_policy, wilson_interval
     from toolgym.models import load_model
     from toolgym.rollout import RolloutDriver, TransformersPolicy
@@ -133,7 +132,7 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     ev_kw = _env_kwargs(cfg, "test", tok)
     eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs=ev_kw)
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
-    venv = gym.make_vec(ENV_ID, num_envs=len(eval_tasks), autoreset_mode=AutoresetMode.DISABLED, **ev_kw)
+    venv = make_vector_env(ENV_ID, len(eval_tasks), ev_kw)  # one batch, as the measured arm was evaluated
     results["eval_task_ids"] = [t["id"] for t in eval_tasks]
 
     def evaluate(m: Any) -> dict[str, Any]:
