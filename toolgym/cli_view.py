@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli_common import CLIError, ExitCode
+from toolgym.cli_common import CLIError, ExitCode, load_tokenizer_arg
 
 __all__ = ["add_parsers", "cmd_plot", "cmd_view"]
 
@@ -15,17 +15,13 @@ __all__ = ["add_parsers", "cmd_plot", "cmd_view"]
 def _tokenizer_for_view(spec: str) -> Any:
     if spec == "none":
         return None
-    from toolgym.models import EmbeddedModelMissingError, TokenizerNotFoundError
+    from toolgym.models import EmbeddedModelMissingError
 
     try:
-        from toolgym.models import load_tokenizer
-
-        return load_tokenizer(None if spec == "embedded" else spec)
+        return load_tokenizer_arg(spec)  # an unknown hub id: one line, at once when offline
     except EmbeddedModelMissingError as e:
         print(f"toolgym: warning: {e}; showing the mask view from the turn texts instead", file=sys.stderr)
         return None
-    except TokenizerNotFoundError as e:
-        raise CLIError(str(e), ExitCode.INPUT) from None
     except (OSError, ValueError) as e:
         raise CLIError(f"cannot load tokenizer {spec!r}: {e}", ExitCode.INPUT) from None
 
