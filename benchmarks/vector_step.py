@@ -6,9 +6,10 @@ and tokenize the observation) against the tokenizer's own ``encode`` of the same
 
     .venv/bin/python benchmarks/vector_step.py            # full run (N = 1, 16, 64, 256)
     .venv/bin/python benchmarks/vector_step.py --quick    # N = 1, 16
-    .venv/bin/python benchmarks/vector_step.py --scale    # toolgym alone at N = 256, 1024, 4096: ms per step,
-                                                          # us per episode-step, memory; with and without
-                                                          # gc.freeze() after setup
+    .venv/bin/python benchmarks/vector_step.py --scale    # N = 256, 1024, 4096: toolgym with and without its
+                                                          # gc handling (and verifiers 0.3.1 with
+                                                          # --verifiers-python): ms per step, us per
+                                                          # episode-step, memory
 
 Prints a table and the ratios; ``--json PATH`` also writes the numbers.
 """
@@ -19,8 +20,13 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -144,33 +150,26 @@ def bench_overhead(reps: int = 500) -> tuple[float, float, float]:
     return statistics.median(env_times), statistics.median(enc_times), statistics.median(rust_times)
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS:") -> float:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return float("nan")
 
 
-def bench_scale(n: int, reps: int, freeze: bool) -> dict[str, float]:
-    """toolgym at ``n`` episodes: every step of ``reps`` (after one warm-up) with every sub-env calling the 50 ms
-    tool; ``freeze``: ``gc.freeze()`` after setup, so a full (gen-2) collection never walks the setup's objects
-    inside a step. Returns median/max ms per step, the overhead per episode-step above the tool's 50 ms, the
-    number of gen-2 collections that ran inside timed steps, and the memory the vector env added (MiB)."""
-    gc.collect()
+def scale_worker(n: int, steps: int, manage_gc: bool, default_cap: bool = False) -> dict[str, Any]:
+    """One cell of ``--scale``, in its own process: ``ToolVectorEnv(manage_gc=...)`` of ``n`` sub-envs, one untimed
+    warm-up step, then ``steps`` timed steps (a reset before each, untimed), every sub-env calling the 50 ms tool.
+    The executor's cap is raised to ``n`` (its default, 512 calls at once, would queue the calls in waves of 512 and
+    so measure the cap, not the env; ``default_cap`` keeps it, to show that). Returns per-step seconds, full (gen-2) collections that started inside timed
+    steps, and the RSS the vector env added (MiB)."""
     rss0 = _rss_mb()
-    envs = ToolVectorEnv(make_env, num_envs=n)
-    acts_by_rep = []
-    for r in range(reps + 1):
-        envs.reset(seed=r)
-        acts_by_rep.append([envs.envs[i].encode_action(call("wait50", i)) for i in range(n)])
-    envs.reset(seed=0)
-    if freeze:
-        gc.collect()
-        gc.freeze()
+    cap = {} if default_cap else {"executor_kwargs": {"max_concurrency": n}}
+    envs = ToolVectorEnv(make_env, num_envs=n, manage_gc=manage_gc, **cap)
     gen2 = [0]
 
     def count(phase: str, info: dict) -> None:
@@ -178,9 +177,9 @@ def bench_scale(n: int, reps: int, freeze: bool) -> dict[str, float]:
             gen2[0] += 1
 
     times = []
-    for r in range(reps + 1):
+    for r in range(steps + 1):
         envs.reset(seed=r)
-        acts = acts_by_rep[r]
+        acts = [envs.envs[i].encode_action(call("wait50", i)) for i in range(n)]
         if r == 1:
             gc.callbacks.append(count)
         t0 = time.perf_counter()
@@ -189,32 +188,83 @@ def bench_scale(n: int, reps: int, freeze: bool) -> dict[str, float]:
     gc.callbacks.remove(count)
     rss = _rss_mb() - rss0
     envs.close()
-    if freeze:
-        gc.unfreeze()
-    timed = times[1:]
-    med = statistics.median(timed)
-    return {"n": n, "gc_freeze": freeze, "median_ms": med * 1e3, "max_ms": max(timed) * 1e3,
-            "us_per_episode_step": max(0.0, med - TOOL_S) / n * 1e6, "gen2_collections_in_steps": gen2[0],
-            "memory_mb": rss, "reps": reps}
+    impl = "toolgym" + ("" if manage_gc else " manage_gc=False") + (" cap 512" if default_cap else "")
+    return {"impl": impl, "n": n, "step_s": times[1:],
+            "gen2": gen2[0], "rss_mb": rss, "peak_rss_mb": _rss_mb("VmHWM:")}
 
 
-def main_scale(sizes: list[int], reps: int, json_path: str | None) -> None:
-    print(f"toolgym at scale: one step, every sub-env calls a {TOOL_S * 1e3:.0f} ms tool ({reps} timed steps each)")
-    print(f"{'N':>5} {'gc.freeze':>9} {'median ms':>10} {'max ms':>8} {'us/ep-step':>11} {'gen-2 GCs':>10} "
-          f"{'MiB':>7}")
+def main_scale(sizes: list[int], reps: int, steps: int, json_path: str | None, verifiers_python: str | None,
+               only: list[str] | None = None) -> None:
+    """Every (N, implementation) cell ``reps`` times, each in a fresh process, rep-major so that the cells of one
+    rep run close together in time (this machine's speed drifts); medians over all timed steps of all reps."""
+    from toolgym.models import chatml_tools_template, embedded_cache_dir
+
+    impls = ["toolgym", "toolgym manage_gc=False", "toolgym cap 512"]
+    impls += ["verifiers 0.3.1", "verifiers 0.3.1 + bridge"] if verifiers_python else []
+    impls = [i for i in impls if not only or i in only]
+    here = os.path.dirname(os.path.abspath(__file__))
+    tok_json = str(embedded_cache_dir() / "tokenizer" / "tokenizer.json")
+    template = tempfile.NamedTemporaryFile("w", suffix=".jinja", delete=False)  # the template toolgym renders
+    template.write(chatml_tools_template())
+    template.close()
+    cells: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for rep in range(reps):
+        for n in sizes:
+            for impl in impls:
+                if impl.endswith("cap 512") and n <= 512:
+                    continue  # the same as "toolgym" there
+                if impl.startswith("verifiers"):
+                    cmd = [verifiers_python, os.path.join(here, "peer_verifiers_step.py"), "--n", str(n),
+                           "--steps", str(steps), "--tokenizer-json", tok_json]
+                    cmd += ["--bridge-template", template.name] if impl.endswith("bridge") else []
+                else:
+                    cmd = [sys.executable, os.path.abspath(__file__), "--scale-worker", str(n), "--steps", str(steps)]
+                    cmd += ["--no-manage-gc"] if "manage_gc=False" in impl else []
+                    cmd += ["--default-cap"] if impl.endswith("cap 512") else []
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                row = json.loads(out.strip().splitlines()[-1])
+                cells.setdefault((n, impl), []).append(row)
+                print(f"rep {rep} N={n} {impl}: median {statistics.median(row['step_s']) * 1e3:.1f} ms, "
+                      f"gen-2 GCs {row['gen2']}", flush=True)
+    print(f"\nvector step at scale: every sub-env calls a {TOOL_S * 1e3:.0f} ms tool; {reps} processes x {steps} "
+          "timed steps per cell")
+    print(f"{'N':>5} {'implementation':<26} {'median ms':>10} {'max ms':>8} {'rep medians ms':>18} "
+          f"{'us/ep-step':>11} {'gen-2/step':>10} {'MiB':>6}")
     rows = []
+    os.unlink(template.name)
     for n in sizes:
-        for freeze in (False, True):
-            row = bench_scale(n, reps, freeze)
+        for impl in impls:
+            if (n, impl) not in cells:
+                continue
+            rs = cells[(n, impl)]
+            all_s = [t for r in rs for t in r["step_s"]]
+            med = statistics.median(all_s)
+            rep_meds = [statistics.median(r["step_s"]) * 1e3 for r in rs]
+            row = {"n": n, "impl": impl, "median_ms": med * 1e3, "max_ms": max(all_s) * 1e3,
+                   "rep_median_ms": [min(rep_meds), max(rep_meds)],
+                   "us_per_episode_step": max(0.0, med - TOOL_S) / n * 1e6,
+                   "gen2_per_step": sum(r["gen2"] for r in rs) / len(all_s),
+                   "memory_mb": statistics.median(r["rss_mb"] for r in rs), "steps": len(all_s)}
             rows.append(row)
-            print(f"{n:>5} {'yes' if freeze else 'no':>9} {row['median_ms']:>10.1f} {row['max_ms']:>8.1f} "
-                  f"{row['us_per_episode_step']:>11.1f} {row['gen2_collections_in_steps']:>10} "
-                  f"{row['memory_mb']:>7.0f}")
+            print(f"{n:>5} {impl:<26} {row['median_ms']:>10.1f} {row['max_ms']:>8.1f} "
+                  f"{rep_meds and f'{min(rep_meds):.0f}-{max(rep_meds):.0f}':>18} "
+                  f"{row['us_per_episode_step']:>11.1f} {row['gen2_per_step']:>10.2f} {row['memory_mb']:>6.0f}")
+    ratios = {}
+    for n in sizes:
+        tg = next((r for r in rows if r["n"] == n and r["impl"] == "toolgym"), None)
+        for r in rows if tg is not None else []:
+            if r["n"] == n and r is not tg:
+                ratios[f"{r['impl']}/toolgym N={n} median"] = r["median_ms"] / tg["median_ms"]
+                ratios[f"{r['impl']}/toolgym N={n} max"] = r["max_ms"] / tg["max_ms"]
+    print("\nratios (> 1: toolgym faster):")
+    for k, v in ratios.items():
+        print(f"  {k}: {v:.2f}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"scale": rows}, f, indent=2)
+            json.dump({"scale": rows, "cells": {f"{n} {i}": v for (n, i), v in cells.items()}}, f, indent=2)
     print(json.dumps({"toolgym_bench": "vector_scale", "units": {"median_ms": "median wall ms per vector step",
-                      "us_per_episode_step": "overhead above the 50 ms tool per episode-step"}, "results": rows}))
+                      "us_per_episode_step": "overhead above the 50 ms tool per episode-step"},
+                      "ratios": {k: round(v, 3) for k, v in ratios.items()}, "results": rows}))
 
 
 def main() -> None:
@@ -224,12 +274,25 @@ def main() -> None:
     ap.add_argument("--async-max", type=int, default=64,
                     help="largest N for gymnasium AsyncVectorEnv (one process per env: ~250 MB each)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--scale", action="store_true", help="toolgym alone at N = 256, 1024, 4096 (or --sizes), "
-                    "with and without gc.freeze() after setup: ms per step, us per episode-step, memory")
-    ap.add_argument("--reps", type=int, default=9, help="timed steps per N with --scale")
+    ap.add_argument("--scale", action="store_true", help="N = 256, 1024, 4096 (or --sizes): toolgym with and "
+                    "without its gc handling (manage_gc), and verifiers with --verifiers-python: ms per step, us per "
+                    "episode-step, memory")
+    ap.add_argument("--reps", type=int, default=3, help="--scale: fresh processes per (N, implementation)")
+    ap.add_argument("--steps", type=int, default=5, help="--scale: timed steps per process")
+    ap.add_argument("--verifiers-python", default=None,
+                    help="--scale: python of a venv with verifiers==0.3.1 and tokenizers (see peer_verifiers_step.py)")
+    ap.add_argument("--impls", nargs="*", default=None, help='--scale: only these rows (e.g. "toolgym" '
+                    '"toolgym manage_gc=False" "toolgym cap 512" "verifiers 0.3.1" "verifiers 0.3.1 + bridge")')
+    ap.add_argument("--scale-worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--no-manage-gc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--default-cap", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.scale_worker is not None:
+        print(json.dumps(scale_worker(args.scale_worker, args.steps, not args.no_manage_gc, args.default_cap)))
+        return
     if args.scale:
-        main_scale(args.sizes or [256, 1024, 4096], args.reps, args.json)
+        main_scale(args.sizes or [256, 1024, 4096], args.reps, args.steps, args.json, args.verifiers_python,
+                   args.impls)
         return
     sizes = args.sizes or ([1, 16] if args.quick else [1, 16, 64, 256])
     rows = []
