@@ -302,42 +302,56 @@ def report_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _num(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Learning curves (training success vs generated tokens, one line per arm, colour per estimator) and the
-    held-out success per estimator (mean over seeds, each seed a dot)."""
+    """Learning curves (training success and training process reward vs generated tokens, one line per arm,
+    colour per estimator) and the held-out result per estimator (success and chain steps reached: mean over seeds,
+    each seed a dot)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = {"outcome": "#777", "turn_return": "#2f6db5", "gigpo": "#d9822b"}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
     seen = set()
     for a in results["arms"].values():
         est = a["estimator"]
         xs = [c["tokens"] for c in a["curve"]]
-        ys = [c["success"] for c in a["curve"]]
-        ax1.plot(xs, ys, "o-", color=colors.get(est, "k"), alpha=0.6, ms=3,
-                 label=None if est in seen else est)
+        label = None if est in seen else est
+        ax1.plot(xs, [_num(c["success"]) for c in a["curve"]], "o-", color=colors.get(est, "k"), alpha=0.6, ms=3,
+                 label=label)
+        ax2.plot(xs, [_num(c["process_reward"]) for c in a["curve"]], "o-", color=colors.get(est, "k"), alpha=0.6, ms=3,
+                 label=label)
         seen.add(est)
-    ax1.set_xlabel("generated policy tokens")
-    ax1.set_ylabel("training success (train split, per step)")
+    for ax, what in ((ax1, "success"), (ax2, "process reward (max 0.5)")):
+        ax.set_xlabel("generated policy tokens")
+        ax.set_ylabel(f"training {what}, per step")
+        ax.legend(fontsize=8)
     ax1.set_ylim(-0.05, 1.05)
-    ax1.set_title("GRPO learning curves on CalculatorChain-v0 (one line per seed)")
-    ax1.legend(fontsize=8)
+    ax2.set_ylim(-0.02, 0.52)
+    ax1.set_title("GRPO learning curves, train split (line = seed)", fontsize=10)
+    ax2.set_title("verified intermediate steps, train split", fontsize=10)
     ests = [e for e in ("outcome", "turn_return", "gigpo") if any(a["estimator"] == e for a in results["arms"].values())]
-    ws = (results.get("warmstart") or {}).get("eval", {}).get("success")
+    ws = (results.get("warmstart") or {}).get("eval") or {}
     for i, est in enumerate(ests):
-        vals = [a["eval"]["success"] for a in results["arms"].values() if a["estimator"] == est]
-        ax2.bar(i, sum(vals) / len(vals), color=colors.get(est, "k"), alpha=0.7)
-        ax2.plot([i] * len(vals), vals, "ko", ms=4)
-    if ws is not None:
-        ax2.axhline(ws, color="k", ls=":", lw=1, label=f"warm start {ws:.0%}")
-        ax2.legend(fontsize=8)
-    ax2.set_xticks(range(len(ests)), ests)
-    ax2.set_ylim(0, 1.05)
+        arms = [a for a in results["arms"].values() if a["estimator"] == est]
+        for off, key, alpha in ((-0.2, "success", 0.8), (0.2, "steps_reached", 0.4)):
+            vals = [a["eval"][key] for a in arms]
+            ax3.bar(i + off, sum(vals) / len(vals), width=0.38, color=colors.get(est, "k"), alpha=alpha)
+            ax3.plot([i + off] * len(vals), vals, "ko", ms=4)
+    if ws:
+        ax3.axhline(ws["success"], color="k", ls=":", lw=1, label=f"warm start: success {ws['success']:.0%}")
+        ax3.axhline(ws["steps_reached"], color="k", ls="--", lw=1,
+                    label=f"warm start: steps reached {ws['steps_reached']:.0%}")
+        ax3.legend(fontsize=8)
+    ax3.set_xticks(range(len(ests)), [f"{e}\n(success | steps)" for e in ests])
+    ax3.set_ylim(0, 1.05)
     n = len(results.get("eval_task_ids", []))
-    ax2.set_title(f"held-out success ({n} test chains, greedy; dots = seeds)")
+    ax3.set_title(f"held-out: {n} test chains, greedy (dots = seeds)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -351,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--estimators", nargs="+", default=None, help="default: outcome turn_return gigpo")
     ap.add_argument("--token-budget", type=int, default=None, help="generated policy tokens per arm")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--report", action="store_true", help="print OUTPUT/results.json as Markdown and exit")
+    ap.add_argument("--report", action="store_true", help="print OUTPUT/results.json as Markdown, redraw OUTPUT/credit.png and exit")
     ap.add_argument("--model", default=None, help="model path; default the embedded SmolLM2-135M ('tiny': tests)")
     a = ap.parse_args(argv)
     cfg = CreditBenchConfig()
@@ -370,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.model is not None:
         cfg.model = a.model
     if a.report:
-        print(report_markdown(json.loads((Path(cfg.output_dir) / "results.json").read_text())))
+        results = json.loads((Path(cfg.output_dir) / "results.json").read_text())
+        plot(results, Path(cfg.output_dir) / "credit.png")
+        print(report_markdown(results))
         return 0
     run(cfg)
     return 0
