@@ -138,7 +138,8 @@ class TransformersPolicy:
             # temperature / top-k / top-p warpers, which generate() would otherwise run after it); generate()
             # then "samples" the one token left
             sampler = _PerEpisodeSampler(self, requests, device)
-            cfg.update(temperature=1.0, top_p=1.0, top_k=0)
+            # the sampler records the log-probabilities itself: generate() need not keep a (B, V) copy per step
+            cfg.update(temperature=1.0, top_p=1.0, top_k=0, output_scores=False, output_logits=False)
         elif self.do_sample:
             cfg.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
         gen_config = GenerationConfig(**cfg)
