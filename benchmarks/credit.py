@@ -18,7 +18,7 @@ rerun with the same output dir skips finished arms), the plot to ``OUTPUT/credit
 
 Run::
 
-    python -m benchmarks.credit --output-dir runs/credit            # the full comparison (hours on 2 shared cores)
+    python -m benchmarks.credit --output-dir runs/credit            # the full comparison (48 min on 2 idle cores)
     python -m benchmarks.credit --smoke --output-dir runs/credit-smoke   # ~2 minutes: the pipeline end to end
 """
 
