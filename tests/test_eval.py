@@ -174,10 +174,17 @@ def test_streaming_keeps_finished_episodes_and_never_empties_early(tmp_path):
     assert sorted(r["eval"]["task_index"] for r in rows) == [0, 1, 2, 3]
 
 
+def _as_from_a_terminal() -> None:
+    # a command typed in a terminal has SIGINT at its default disposition; a test run started in the background
+    # (`nohup`, `&`) would otherwise hand its ignored SIGINT down, and the CLI rightly keeps ignoring it there
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(*args: str, env: dict | None = None) -> subprocess.Popen:
     e = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "toolgym.cli", *args], cwd=REPO, env=e,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_from_a_terminal)
 
 
 @pytest.mark.timeout(420)

@@ -17,6 +17,7 @@ import base64
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -533,3 +534,25 @@ def test_jobs_live_on_disk_survive_a_restart_and_stop_cleanly(tmp_path: Path) ->
     st = store.state(long["id"], log=True)
     assert st["status"] == "stopped" and time.monotonic() - t0 < 10 and "KeyboardInterrupt" in st["log"]
     assert [j["id"] for j in JobStore(runs).list()] == [long["id"], job["id"]]
+
+
+def test_stop_interrupts_the_command_even_when_the_ui_ignores_sigint(tmp_path: Path) -> None:
+    """A UI started with SIGINT ignored (`nohup toolgym ui &`) hands that disposition down; the runner restores the
+    default for the command, so a stop is still a Ctrl-C (KeyboardInterrupt in the log, status "stopped")."""
+    from trainers.ui.jobs import JobStore
+
+    code = "import sys, time; print({'loss': '0.5'}); sys.stdout.flush(); time.sleep(60)"
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        store = JobStore(tmp_path / "runs", _env())
+        job = store.launch("train", [sys.executable, "-c", code])
+    finally:
+        signal.signal(signal.SIGINT, old)
+    deadline = time.monotonic() + 60
+    while not store.state(job["id"])["metrics"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    store.stop(job["id"])
+    while store.state(job["id"])["status"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    st = store.state(job["id"], log=True)
+    assert st["status"] == "stopped" and "KeyboardInterrupt" in st["log"]

@@ -226,6 +226,11 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _default_sigint() -> None:
+    """In the command's child process, before exec: SIGINT back to its default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_job(job_dir: str | os.PathLike[str]) -> int:
     """The runner: start the job's command, wait for it, write ``exit.json``. SIGTERM = stop (see module doc)."""
     d = Path(job_dir)
@@ -233,8 +238,12 @@ def run_job(job_dir: str | os.PathLike[str]) -> int:
     stopped = False
     with open(d / "log.txt", "ab", buffering=0) as log:
         try:
+            # Ctrl-C must reach the command even when the UI itself was started with SIGINT ignored (`nohup`,
+            # `&` from a script, some service managers): an ignored disposition is inherited across exec, and a
+            # Python command started that way never turns SIGINT into KeyboardInterrupt, so a stop would always
+            # end in the SIGKILL after the grace
             proc = subprocess.Popen(job["argv"], cwd=job["cwd"], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT, preexec_fn=_default_sigint)
         except OSError as e:
             log.write(f"error: cannot start {job['argv'][0]}: {e}\n".encode())
             _write_json(d / "exit.json", {"rc": 127, "ended": time.time(), "stopped": False})
