@@ -13,7 +13,7 @@ import toolgym  # noqa: F401
 from tests import eval_env
 from toolgym.envs.calculator import generate_task
 from toolgym.models import load_tokenizer
-from toolgym.tasks import TaskSelectionError, draw_tasks, select_tasks, task_id
+from toolgym.tasks import TaskSelectionError, draw_tasks, round_tasks, select_tasks, task_id
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC = "toolgym/Calculator-v0"
@@ -97,3 +97,10 @@ def test_split_in_env_kwargs_draws_what_the_split_argument_draws(kw: dict[str, A
     """The trainers pass the split inside ``env_kwargs`` (the env kwargs their episodes run with)."""
     assert draw_tasks(CALC, 8, seed=2, env_kwargs={"split": "train", **kw}) == \
         draw_tasks(CALC, 8, seed=2, split="train", env_kwargs=kw)
+
+
+def test_round_tasks_walks_the_pool_in_windows_and_wraps():
+    pool = list("abcde")
+    assert [round_tasks(pool, 2, r) for r in range(4)] == [["a", "b"], ["c", "d"], ["e", "a"], ["b", "c"]]
+    assert round_tasks(pool, 9, 3) == pool  # a pool of at most n rows: the same tasks every round
+    assert round_tasks([], 3, 1) == []

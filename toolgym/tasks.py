@@ -23,14 +23,18 @@ import os
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from toolgym.envs.registration import import_env_id
 from toolgym.errors import InputFileError
 
-__all__ = ["TaskFileError", "TaskSelectionError", "draw_tasks", "import_env_id", "select_tasks", "task_id"]
+T = TypeVar("T")
+
+__all__ = [
+    "TaskFileError", "TaskSelectionError", "draw_tasks", "import_env_id", "round_tasks", "select_tasks", "task_id",
+]
 
 
 class TaskSelectionError(ValueError):
@@ -220,3 +224,11 @@ def draw_tasks(
         raise TaskSelectionError(f"the number of tasks must be >= 0, got {n}")
     with _task_source(env, split, env_kwargs) as (source, name):
         return _draw(source, n, seed, name, {str(x) for x in exclude})
+
+
+def round_tasks(pool: Sequence[T], n: int, round_index: int) -> list[T]:
+    """The tasks of round ``round_index`` when each round takes the next ``min(n, len(pool))`` rows of ``pool``,
+    wrapping around: ``pool[(round_index * m + i) % len(pool)]`` for ``i < m``. A pool of at most ``n`` rows gives
+    the same tasks every round; an empty pool gives none."""
+    m = min(n, len(pool))
+    return [pool[(round_index * m + i) % len(pool)] for i in range(m)]

@@ -40,9 +40,10 @@ is left alone. Results are the same either way; only when the collector runs cha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -65,21 +66,26 @@ _pausers = 0  # steps/resets running with the collector paused
 _reenable = False  # whether the collector was enabled when the first of them paused it
 
 
-def _gc_pause() -> None:
+@contextlib.contextmanager
+def _gc_paused(active: bool) -> Iterator[None]:
+    """The collector paused while the block runs (``active``; else a no-op). Nested and concurrent pauses share
+    one count: the last to leave re-enables it, unless it was disabled when the first one entered."""
     global _pausers, _reenable
+    if not active:
+        yield
+        return
     with _gc_lock:
         if _pausers == 0:
             _reenable = gc.isenabled()
             gc.disable()
         _pausers += 1
-
-
-def _gc_resume() -> None:
-    global _pausers
-    with _gc_lock:
-        _pausers = max(0, _pausers - 1)
-        if _pausers == 0 and _reenable:
-            gc.enable()
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _pausers = max(0, _pausers - 1)
+            if _pausers == 0 and _reenable:
+                gc.enable()
 
 
 class ToolVectorEnv(VectorEnv):
@@ -171,13 +177,8 @@ class ToolVectorEnv(VectorEnv):
         row per sub-env (``None`` entries draw from the seed). Other options are passed to every sub-env.
         Sub-envs not reset get an empty observation.
         """
-        if not self.manage_gc:
+        with _gc_paused(self.manage_gc):
             return self._reset(seed, options)
-        _gc_pause()
-        try:
-            return self._reset(seed, options)
-        finally:
-            _gc_resume()
 
     def _reset(
         self, seed: int | Sequence[int | None] | None, options: dict[str, Any] | None
@@ -225,13 +226,8 @@ class ToolVectorEnv(VectorEnv):
         ``rewards`` float64 ``(num_envs,)``, the flags bool ``(num_envs,)``, ``infos`` Gymnasium-style batched
         dicts (``infos["trajectory"]`` holds finished episodes' trajectories) plus ``infos["stepped"]``.
         """
-        if not self.manage_gc:
+        with _gc_paused(self.manage_gc):
             return await self._astep(actions)
-        _gc_pause()
-        try:
-            return await self._astep(actions)
-        finally:
-            _gc_resume()
 
     async def _astep(
         self, actions: Sequence[np.ndarray | None]

@@ -146,7 +146,7 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     ``output_dir/dpo_summary.json``); ``artifacts``: the pairs datasets and trajectories it wrote.
     """
     from toolgym.rollout import TransformersPolicy, read_trajectories, summarize
-    from toolgym.tasks import draw_tasks
+    from toolgym.tasks import draw_tasks, round_tasks
     from trainers.contract import load_policy, prepare
     from trainers.dpo_trainer import train_dpo
 
@@ -175,12 +175,10 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
         for r in range(cfg.rounds):
             if 0 < cfg.max_generated_tokens <= summary["generated_tokens"]:
                 break
-            n = min(cfg.num_tasks, len(pool))
-            round_tasks = [pool[(r * n + i) % len(pool)] for i in range(n)]
             policy = TransformersPolicy(model, tokenizer, temperature=cfg.temperature,
                                         seed=cfg.seed + cfg.policy_seed_stride * r, return_logprobs=False)
             pairs, trajs, stats = sample_pairs(
-                cfg.env_id, policy, round_tasks, samples_per_task=cfg.samples_per_task, margin=cfg.margin,
+                cfg.env_id, policy, round_tasks(pool, cfg.num_tasks, r), samples_per_task=cfg.samples_per_task, margin=cfg.margin,
                 pairs_per_task=cfg.pairs_per_task, seed=cfg.seed + 1_000 * r, max_turn_tokens=cfg.max_turn_tokens,
                 num_envs=cfg.num_envs, env_kwargs=env_kwargs, trajectory_path=out / f"trajectories_round{r}.jsonl",
             )

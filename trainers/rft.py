@@ -162,7 +162,7 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     ``output_dir/rft_log.json``); ``artifacts``: ``kept_round{r}`` (each round's kept episodes, JSONL) and ``log``.
     """
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from toolgym.tasks import draw_tasks
+    from toolgym.tasks import draw_tasks, round_tasks
     from toolgym.trajectory import summarize, write_trajectories
     from trainers.contract import load_policy, prepare
 
@@ -197,10 +197,8 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     for r in range(cfg.rounds):
         if 0 < cfg.max_generated_tokens <= result["generated_tokens"]:
             break
-        n = min(cfg.tasks, len(pool))
-        train_tasks = [pool[(r * n + i) % len(pool)] for i in range(n)]
         kept, sampled, stats = rft_round(
-            model, tokenizer, cfg.env_id, train_tasks, k=cfg.k, threshold=cfg.threshold,
+            model, tokenizer, cfg.env_id, round_tasks(pool, cfg.tasks, r), k=cfg.k, threshold=cfg.threshold,
             temperature=cfg.temperature, best_per_task=cfg.best_per_task, epochs=cfg.epochs,
             max_steps=cfg.max_steps, lr=cfg.lr, batch_size=cfg.batch_size, max_turn_tokens=cfg.max_turn_tokens,
             seed=cfg.seed + r, env_kwargs=env_kwargs, num_envs=cfg.num_envs,

@@ -331,9 +331,9 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     """
     from trl import SFTTrainer
 
-    from toolgym.errors import ConfigError
     from toolgym.eval import oracle_policy
-    from toolgym.rollout import TransformersPolicy, write_trajectories
+    from toolgym.rollout import TransformersPolicy
+    from toolgym.tasks import round_tasks
     from trainers.contract import load_policy, prepare
     from trainers.runconfig import trl_config
 
@@ -346,11 +346,8 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     env_kwargs = {"tokenizer": tokenizer, **config.env_kwargs}
 
     def collect_round(r: int) -> tuple[list[Trajectory], list[Trajectory]]:
-        if tasks is None:
-            rows: list[Mapping[str, Any] | None] = [None] * config.episodes
-        else:
-            n = min(config.episodes, len(tasks))
-            rows = [tasks[(r * n + i) % len(tasks)] for i in range(n)]
+        rows: list[Mapping[str, Any] | None] = ([None] * config.episodes if tasks is None
+                                                else list(round_tasks(tasks, config.episodes, r)))
         return collect(config.env_id, policy, rows, threshold=config.threshold, seeds=config.task_seed,
                        max_turn_tokens=config.max_turn_tokens, num_envs=config.num_envs, env_kwargs=env_kwargs)
 
@@ -358,23 +355,41 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
         return _run_masked(config, args, model, tokenizer, collect_round)
     kept, alltr = collect_round(0)
     print(f"[sft] {len(alltr)} episodes, kept {len(kept)} (reward >= {config.threshold}): {summarize(alltr)}")
-    if not kept:
-        raise ConfigError("no episode cleared the threshold: nothing to train on", code=1)
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    traj_path = Path(config.trajectory_path or out / "sft_trajectories.jsonl")
-    write_trajectories(traj_path, kept)
+    out, traj_path = _write_kept(config, args, kept)
     trainer = SFTTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=sft_dataset(kept))
     trainer.train()
     model.eval()
     if config.save_model:
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
-    print(f"[sft] {trainer.state.global_step} steps" + (f", model saved to {out}" if config.save_model else ""))
     metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
                "global_step": int(trainer.state.global_step),
                "loss": [float(h["loss"]) for h in trainer.state.log_history if "loss" in h],
                "rounds": 1, "generated_tokens": _policy_tokens(alltr)}
+    return _result(config, out, traj_path, metrics, f"{trainer.state.global_step} steps")
+
+
+def _write_kept(config: Config, args: Any, kept: Sequence[Trajectory]) -> tuple[Path, Path]:
+    """Create ``args.output_dir`` and write the kept episodes' JSONL; returns ``(output dir, JSONL path)``.
+
+    Raises:
+        ConfigError: nothing was kept (exit code 1: nothing to train on).
+    """
+    from toolgym.errors import ConfigError
+    from toolgym.rollout import write_trajectories
+
+    if not kept:
+        raise ConfigError("no episode cleared the threshold: nothing to train on", code=1)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    traj_path = Path(config.trajectory_path or out / "sft_trajectories.jsonl")
+    write_trajectories(traj_path, kept)
+    return out, traj_path
+
+
+def _result(config: Config, out: Path, traj_path: Path, metrics: dict[str, Any], done: str) -> RunResult:
+    """Print what was done (and where the model went) and wrap it as the run's :class:`RunResult`."""
+    print(f"[sft] {done}" + (f", model saved to {out}" if config.save_model else ""))
     return RunResult("sft", str(out), str(out) if config.save_model else None, metrics,
                      {"trajectories": str(traj_path)})
 
@@ -389,9 +404,6 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
     """``run`` with ``update: masked``: rounds of ``collect_round(r)`` -> :func:`masked_sft` on the kept episodes
     until ``config.rounds`` rounds or ``config.max_generated_tokens`` policy tokens."""
     import math
-
-    from toolgym.errors import ConfigError
-    from toolgym.rollout import write_trajectories
 
     kept_all: list[Trajectory] = []
     every: list[Trajectory] = []
@@ -412,20 +424,13 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
         rounds += 1
     print(f"[sft] {rounds} rounds, {len(every)} episodes, kept {len(kept_all)} (reward >= {config.threshold}): "
           f"{summarize(every)}")
-    if not kept_all:
-        raise ConfigError("no episode cleared the threshold: nothing to train on", code=1)
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    traj_path = Path(config.trajectory_path or out / "sft_trajectories.jsonl")
-    write_trajectories(traj_path, kept_all)
+    out, traj_path = _write_kept(config, args, kept_all)
     if config.save_model:
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
-    print(f"[sft] {len(losses)} masked-SFT steps" + (f", model saved to {out}" if config.save_model else ""))
     metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
                "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}
-    return RunResult("sft", str(out), str(out) if config.save_model else None, metrics,
-                     {"trajectories": str(traj_path)})
+    return _result(config, out, traj_path, metrics, f"{len(losses)} masked-SFT steps")
 
 
 if __name__ == "__main__":  # `python -m trainers.sft ...` = `toolgym train sft ...`
