@@ -34,6 +34,7 @@ import numpy as np
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
 from toolgym.format.parsers import get_parser
+from toolgym.resources import current_rss_mb, peak_rss_mb
 from toolgym.tools.function import tool
 from toolgym.vector import ToolVectorEnv
 
@@ -150,24 +151,13 @@ def bench_overhead(reps: int = 500) -> tuple[float, float, float]:
     return statistics.median(env_times), statistics.median(enc_times), statistics.median(rust_times)
 
 
-def _rss_mb(field: str = "VmRSS:") -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
-
-
 def scale_worker(n: int, steps: int, manage_gc: bool, default_cap: bool = False) -> dict[str, Any]:
     """One cell of ``--scale``, in its own process: ``ToolVectorEnv(manage_gc=...)`` of ``n`` sub-envs, one untimed
     warm-up step, then ``steps`` timed steps (a reset before each, untimed), every sub-env calling the 50 ms tool.
     The executor's cap is raised to ``n`` (its default, 512 calls at once, would queue the calls in waves of 512 and
     so measure the cap, not the env; ``default_cap`` keeps it, to show that). Returns per-step seconds, full (gen-2) collections that started inside timed
     steps, and the RSS the vector env added (MiB)."""
-    rss0 = _rss_mb()
+    rss0 = current_rss_mb() or float("nan")
     cap = {} if default_cap else {"executor_kwargs": {"max_concurrency": n}}
     envs = ToolVectorEnv(make_env, num_envs=n, manage_gc=manage_gc, **cap)
     gen2 = [0]
@@ -186,11 +176,11 @@ def scale_worker(n: int, steps: int, manage_gc: bool, default_cap: bool = False)
         envs.step(acts)
         times.append(time.perf_counter() - t0)
     gc.callbacks.remove(count)
-    rss = _rss_mb() - rss0
+    rss = (current_rss_mb() or float("nan")) - rss0
     envs.close()
     impl = "toolgym" + ("" if manage_gc else " manage_gc=False") + (" cap 512" if default_cap else "")
     return {"impl": impl, "n": n, "step_s": times[1:],
-            "gen2": gen2[0], "rss_mb": rss, "peak_rss_mb": _rss_mb("VmHWM:")}
+            "gen2": gen2[0], "rss_mb": rss, "peak_rss_mb": peak_rss_mb()}
 
 
 def main_scale(sizes: list[int], reps: int, steps: int, json_path: str | None, verifiers_python: str | None,
