@@ -21,29 +21,53 @@ ENV = "toolgym/Calculator-v0"
 SYSTEM = "Use the calculator. Reply <answer>N</answer>."  # not the env's default system prompt
 
 
-def _greedy_eval(model, tok, n, *, num_envs, max_batch_size=None, env_kwargs=None, seed=500, turn_tokens=12):
+def _greedy_eval(model, tok, n, *, num_envs, max_batch_size=None, env_kwargs=None, seed=500, turn_tokens=12,
+                 autocast=None):
     tasks = draw_tasks(ENV, n, seed=seed, split="test", env_kwargs={"tokenizer": tok})
     venv = gym.make_vec(ENV, num_envs=num_envs, autoreset_mode=AutoresetMode.DISABLED, split="test",
                         tokenizer=tok, **(env_kwargs or {}))
     try:
-        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, max_batch_size=max_batch_size)
+        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, max_batch_size=max_batch_size,
+                                    autocast=autocast)
         return RolloutDriver(venv, policy, max_turn_tokens=turn_tokens).run(tasks, seeds=seed, progress=False)
     finally:
         venv.close()
 
 
-def test_greedy_evaluation_does_not_depend_on_the_micro_batch_size():
+@pytest.mark.parametrize("autocast", [None, "bfloat16"])  # make demo evaluates under bfloat16 autocast
+def test_greedy_evaluation_does_not_depend_on_the_micro_batch_size(autocast):
     tok = load_tokenizer()
     model = tiny_random_model(tok, seed=3)
     # prompts of different lengths, so rows are left-padded by different amounts in every batch composition
-    runs = {mbs: _greedy_eval(model, tok, 12, num_envs=12, max_batch_size=mbs) for mbs in (None, 5, 1)}
-    runs["8 envs"] = _greedy_eval(model, tok, 12, num_envs=8)  # what `toolgym eval --num-envs 8` batches
+    runs = {mbs: _greedy_eval(model, tok, 12, num_envs=12, max_batch_size=mbs, autocast=autocast)
+            for mbs in (None, 5, 1)}
+    runs["8 envs"] = _greedy_eval(model, tok, 12, num_envs=8, autocast=autocast)  # `toolgym eval --num-envs 8`
     lengths = {len(t.prompt_ids) for t in runs[None]}
     assert len(lengths) > 1, lengths  # padding really happens
     ref = [(list(t.prompt_ids), list(t.completion_ids)) for t in runs[None]]
     assert any(len(c) for _, c in ref)
     for key, trajs in runs.items():
         assert [(list(t.prompt_ids), list(t.completion_ids)) for t in trajs] == ref, key
+
+
+def test_an_autocast_policy_generates_in_that_dtype_and_keeps_the_weights_float32():
+    import torch
+
+    tok = load_tokenizer()
+    model = tiny_random_model(tok, seed=3)
+    seen: list = []
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    try:
+        _greedy_eval(model, tok, 2, num_envs=2, autocast="bfloat16")  # generation runs in a worker thread
+        assert seen and set(seen) == {torch.bfloat16}
+        seen.clear()
+        _greedy_eval(model, tok, 2, num_envs=2)
+        assert seen and set(seen) == {torch.float32}
+    finally:
+        hook.remove()
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    with pytest.raises(ValueError, match="autocast"):
+        TransformersPolicy(model, tok, autocast="int8")
 
 
 def test_run_settings_round_trip_and_bad_files(tmp_path: Path):
@@ -57,13 +81,22 @@ def test_run_settings_round_trip_and_bad_files(tmp_path: Path):
     (tmp_path / RUN_SETTINGS_FILE).write_text("{not json")
     with pytest.raises(RunSettingsError):
         read_run_settings(tmp_path)
+    assert s["autocast"] is None  # not recorded: the model's own dtype
+    write_run_settings(tmp_path, env_kwargs={}, autocast="bfloat16")
+    assert read_run_settings(tmp_path)["autocast"] == "bfloat16"
+    with pytest.raises(ValueError, match="autocast"):
+        write_run_settings(tmp_path / "y", autocast="int8")
+    assert not (tmp_path / "y").exists()
     (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({"env_kwargs": {}, "max_turn_tokens": 0}))
     with pytest.raises(RunSettingsError):
+        read_run_settings(tmp_path)
+    (tmp_path / RUN_SETTINGS_FILE).write_text(json.dumps({"env_kwargs": {}, "autocast": "int4"}))
+    with pytest.raises(RunSettingsError, match="autocast"):
         read_run_settings(tmp_path)
     assert main(["eval", ENV, "--policy", str(tmp_path), "--tasks", "1"]) == ExitCode.INPUT
 
 
-def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path: Path):
+def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path: Path, capsys):
     pytest.importorskip("trl", reason="trainers.compact is part of the [train] extra")
     from trainers.compact import compact_tools_template, save_checkpoint
 
@@ -72,15 +105,17 @@ def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path:
     pk = {"system_prompt": SYSTEM, "chat_template": compact_tools_template()}
     ckpt = save_checkpoint(model, tok, tmp_path / "ckpt", chat_template=pk["chat_template"],
                            run_settings={"env_id": ENV, "env_kwargs": pk, "max_turn_tokens": 12,
-                                         "eval": {"split": "test", "tasks": 6, "seed": 500}})
-    # the producing run's own evaluation: all 6 episodes in one batch, its prompt, 12 tokens per turn
+                                         "eval": {"split": "test", "tasks": 6, "seed": 500}, "autocast": "bfloat16"})
+    # the producing run's own evaluation: all 6 episodes in one batch, its prompt, 12 tokens per turn, generated
+    # under bfloat16 autocast (as make demo evaluates)
     model2, tok2 = load_model(ckpt)
-    run = _greedy_eval(model2, tok2, 6, num_envs=6, env_kwargs=pk)
+    run = _greedy_eval(model2, tok2, 6, num_envs=6, env_kwargs=pk, autocast="bfloat16")
     assert SYSTEM in tok.decode(run[0].prompt_ids)
     out = tmp_path / "eval.jsonl"
     rc = main(["eval", ENV, "--policy", str(ckpt), "--split", "test", "--tasks", "6", "--seed", "500",
                "--num-envs", "4", "--no-progress", "--out", str(out)])
     assert rc == 0
+    assert "generation in bfloat16 autocast" in capsys.readouterr().err
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     rows.sort(key=lambda r: r["eval"]["task_index"])
     assert [r["prompt_ids"] for r in rows] == [list(t.prompt_ids) for t in run]  # the checkpoint's own prompt

@@ -83,6 +83,26 @@ def test_stop_ids_end_generation_on_the_transformers_path(tmp_path, tasks):
     assert len(gens[0].token_ids) > 1  # no stop ids: it does not stop after one token
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_generation_runs_under_the_trainers_autocast(tmp_path, tasks, bf16):
+    """With ``bf16=True`` the adapter generates under one bfloat16 autocast context (weights cast once per call, not
+    once per decoding step); the weights stay float32. Without it, generation is float32."""
+    import torch
+
+    trainer, _ = _build(tmp_path, tasks, bf16=bf16)
+    seen: list = []
+    model = trainer.model
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    try:
+        prompt = list(trainer.processing_class("What is 2+3?")["input_ids"])
+        gens = TRLPolicy(trainer).generate([GenerationRequest(prompt, 4, ())] * 2)
+    finally:
+        hook.remove()
+    assert len(gens) == 2 and seen
+    assert set(seen) == {torch.bfloat16 if bf16 else torch.float32}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_stop_ids_reach_vllm_generation_kwargs(tmp_path, tasks):
     """vLLM path (server and colocate read ``vllm_generation.generation_kwargs``): the stop ids are set for the
     call and the trainer's own kwargs are restored after it."""

@@ -174,3 +174,34 @@ def test_masked_sft_micro_batches_take_the_same_step(tok):
         assert (runs[mbs][1] - runs[None][1]).abs().max() < 0.05 * moved.max()
         assert float((runs[mbs][1] - runs[None][1]).abs().mean()) < 0.01 * float(moved.mean())
     assert runs[None][0][-1] < runs[None][0][0]
+
+
+def test_masked_sft_with_8bit_adamw_and_bf16_autocast_learns_with_float32_weights(tok):
+    """``make demo``'s warm start: bfloat16 autocast for forward/backward, AdamW with 8-bit moments
+    (bitsandbytes, on the CPU). The weights and gradients stay float32, the moments are uint8, and the loss falls
+    about as it does with float32 AdamW."""
+    pytest.importorskip("bitsandbytes")
+    from trainers.sft import make_optimizer
+
+    rng = np.random.default_rng(2)
+    eps = [{"prompt_ids": rng.integers(10, 5000, 7).tolist(), "completion_ids": rng.integers(10, 5000, 8).tolist(),
+            "loss_mask": [1] * 8} for _ in range(4)]
+    seen: list = []
+    ref = masked_sft(tiny_random_model(tok, seed=6), eps, steps=6, lr=1e-3, batch_size=4)
+    model = tiny_random_model(tok, seed=6)
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    try:
+        losses = masked_sft(model, eps, steps=6, lr=1e-3, batch_size=4, optim="adamw_bnb_8bit", autocast="bfloat16")
+    finally:
+        hook.remove()
+    assert set(seen) == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert losses[0] - losses[-1] > 0.3 and ref[0] - ref[-1] > 0.3  # ~10.8 -> ~10.2 on this tiny random model
+    assert losses[-1] == pytest.approx(ref[-1], rel=0.02)
+    big = torch.nn.Parameter(torch.zeros(64, 128))
+    opt = make_optimizer([big], "adamw_bnb_8bit", lr=1e-3)
+    big.grad = torch.ones_like(big)
+    opt.step()
+    assert {v.dtype for v in opt.state[big].values() if torch.is_tensor(v) and v.numel() == big.numel()} == {torch.uint8}
+    with pytest.raises(ValueError, match="unknown optim"):
+        make_optimizer([big], "sgd", lr=1e-3)

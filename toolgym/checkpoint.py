@@ -13,6 +13,7 @@ as defaults (an explicit ``--env-kwarg`` or ``--max-new-tokens`` wins). File lay
      "env_id": "toolgym/Calculator-v0",                 # the env it was trained on (informational)
      "env_kwargs": {"system_prompt": "...", "chat_template": "..."},   # JSON-serialisable env kwargs
      "max_turn_tokens": 64,                              # tokens per assistant turn
+     "autocast": "bfloat16",                             # generation under torch.autocast in this dtype, or null
      "eval": {"split": "test", "tasks": 100, "seed": 10000}}          # how the run evaluated it (informational)
 """
 
@@ -24,11 +25,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RUN_SETTINGS_FILE", "RunSettingsError", "read_run_settings", "write_run_settings"]
+__all__ = ["AUTOCAST_DTYPES", "RUN_SETTINGS_FILE", "RunSettingsError", "check_autocast", "read_run_settings",
+           "write_run_settings"]
 
 #: The file name inside a checkpoint directory.
 RUN_SETTINGS_FILE = "toolgym_run.json"
 _FORMAT = 1
+
+
+#: the dtypes a policy may generate in (``TransformersPolicy(autocast=...)``) and a checkpoint may record, under ``torch.autocast`` (``None``: the model's own dtype, no autocast)
+AUTOCAST_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+
+
+def check_autocast(dtype: str | None) -> str | None:
+    """``dtype`` if it is ``None`` or one of :data:`AUTOCAST_DTYPES`, else a ``ValueError`` naming the choices."""
+    if dtype is not None and dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)} or None; got {dtype!r}")
+    return dtype
 
 
 class RunSettingsError(ValueError):
@@ -42,6 +55,7 @@ def write_run_settings(
     env_kwargs: Mapping[str, Any] | None = None,
     max_turn_tokens: int | None = None,
     eval: Mapping[str, Any] | None = None,  # noqa: A002 - the JSON key
+    autocast: str | None = None,
 ) -> Path:
     """Write ``checkpoint/toolgym_run.json`` atomically; returns its path.
 
@@ -52,11 +66,15 @@ def write_run_settings(
             (a tokenizer or other objects raise ``TypeError``).
         max_turn_tokens: the per-turn token budget of training and evaluation.
         eval: how the producing run evaluated the checkpoint (e.g. ``{"split", "tasks", "seed"}``).
+        autocast: the dtype the run generated in under ``torch.autocast`` (``"bfloat16"``), or ``None``: greedy
+            decoding in bfloat16 and in float32 can pick different tokens, so an evaluation that should reproduce
+            the run's own figures must generate the same way.
     """
+    check_autocast(autocast)  # ValueError before anything is written
     d = Path(checkpoint)
     d.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"format": _FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
-                            "max_turn_tokens": max_turn_tokens, "eval": dict(eval or {})}
+                            "max_turn_tokens": max_turn_tokens, "eval": dict(eval or {}), "autocast": autocast}
     text = json.dumps(data, indent=2, sort_keys=True)  # TypeError on anything that is not JSON
     target = d / RUN_SETTINGS_FILE
     tmp = target.with_suffix(".json.tmp")
@@ -86,6 +104,10 @@ def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | No
     mtt = data.get("max_turn_tokens")
     if mtt is not None and (not isinstance(mtt, int) or mtt < 1):
         raise RunSettingsError(f"{f}: max_turn_tokens must be a positive integer, got {mtt!r}")
+    ac = data.get("autocast")
+    if ac is not None and ac not in AUTOCAST_DTYPES:
+        raise RunSettingsError(f"{f}: autocast must be one of {', '.join(AUTOCAST_DTYPES)} or null, got {ac!r}")
+    data.setdefault("autocast", None)
     data.setdefault("env_kwargs", {})
     data.setdefault("eval", {})
     return data

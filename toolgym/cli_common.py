@@ -268,7 +268,9 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
                 ExitCode.INPUT,
             )
         model, tok = load_model(path)
-    policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True)
+    autocast = getattr(args, "autocast", None)
+    policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True,
+                                autocast=None if autocast in (None, "none") else autocast)
     return policy, tok
 
 
@@ -285,8 +287,9 @@ def add_ui_arguments(p: argparse.ArgumentParser) -> None:
 
 def apply_run_settings(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """When ``--policy`` is a model directory carrying ``toolgym_run.json`` (:mod:`toolgym.checkpoint`), use its
-    env kwargs (system prompt, chat template, ...) and per-turn token budget as defaults, so the checkpoint is
-    evaluated with the prompt it was trained on; ``--env-kwarg`` and ``--max-new-tokens`` given explicitly win.
+    env kwargs (system prompt, chat template, ...), per-turn token budget and generation autocast dtype as
+    defaults, so the checkpoint is evaluated as the run that saved it evaluated it; ``--env-kwarg``,
+    ``--max-new-tokens`` and ``--autocast`` given explicitly win.
     Fills ``args.max_new_tokens`` (default 128) and ``env_kwargs`` in place; returns the settings (or ``None``)."""
     from toolgym.checkpoint import RunSettingsError, read_run_settings
 
@@ -302,8 +305,11 @@ def apply_run_settings(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> 
             env_kwargs.setdefault(key, value)
         if args.max_new_tokens is None and settings.get("max_turn_tokens"):
             args.max_new_tokens = int(settings["max_turn_tokens"])
+        if getattr(args, "autocast", None) is None and settings.get("autocast"):
+            args.autocast = settings["autocast"]
         keys = ", ".join(sorted(settings["env_kwargs"])) or "no env kwargs"
-        print(f"toolgym: using the run settings of {spec} ({keys}; {args.max_new_tokens or 128} tokens per turn)",
+        ac = f"; generation in {args.autocast} autocast" if getattr(args, "autocast", None) not in (None, "none") else ""
+        print(f"toolgym: using the run settings of {spec} ({keys}; {args.max_new_tokens or 128} tokens per turn{ac})",
               file=sys.stderr)
     if args.max_new_tokens is None:
         args.max_new_tokens = 128

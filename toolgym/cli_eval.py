@@ -38,6 +38,9 @@ def add_run_args(s: argparse.ArgumentParser, *, temperature: float, what: str) -
                    help="sampling temperature (>= 0); 0 = greedy")
     s.add_argument("--max-new-tokens", type=int, default=None, help="tokens sampled per assistant turn (default: "
                    "the checkpoint's toolgym_run.json, else 128)")
+    s.add_argument("--autocast", choices=["none", "bfloat16", "float16"], default=None,
+                   help="local model policies: generate under torch.autocast in this dtype (default: the "
+                        "checkpoint's toolgym_run.json, else none = the model's own dtype)")
     s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
     s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -61,6 +62,12 @@ class DemoConfig:
     # memory) and activation checkpointing (recompute instead of keep)
     train_micro_batch_size: int = 2
     gradient_checkpointing: bool = True
+    # precision and optimizer state (memory and time): bfloat16 autocast for generation and the training
+    # forward/backward (weights, gradients and optimizer math stay float32); AdamW with 8-bit moments
+    bf16: bool = False
+    optim: str = "adamw_torch"
+    trim_heap: bool = False  # hand freed heap pages back to the OS after every training micro-batch
+    freeze_embeddings: bool = False  # train everything but the (tied) input embedding / LM head
     # warm start: masked SFT on oracle episodes ("train" split)
     warmstart_episodes: int = 32
     warmstart_steps: int = 3
@@ -118,11 +125,14 @@ def _decode_completion(tok: Any, traj: Any) -> str:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the metrics dict (also written to ``output_dir/metrics.json``)."""
-    from toolgym.resources import Phases
+    from toolgym.resources import Phases, trim_heap
 
     t_start = time.perf_counter()
     phases = Phases()
     phases.mark("load")
+    # bitsandbytes (the 8-bit AdamW) warns at import that an optional 4-bit CPU kernel package is missing; the
+    # demo uses no 4-bit kernel
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import torch
     from transformers import TrainerCallback
 
@@ -147,6 +157,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     print("[demo] loading the embedded model (SmolLM2-135M-Instruct) ...", flush=True)
     model, tok = load_model()
+    if cfg.freeze_embeddings:  # SmolLM2 ties it to the LM head: 28.3M of 134.5M parameters stay as loaded
+        model.get_input_embeddings().weight.requires_grad_(False)
     pk = prompt_kwargs(cfg.compact_prompt)
     eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs={"tokenizer": tok})
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
@@ -155,10 +167,12 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     print(f"[demo] held-out set: {len(eval_tasks)} distinct Calculator-v0 test tasks, seeds {eval_seeds[0]}.."
           f"{eval_seeds[-1]}, greedy; prompt {'compact' if pk else 'default'} ({prompt_len} tokens)", flush=True)
 
+    autocast = "bfloat16" if cfg.bf16 else None  # the evaluations' generation; the checkpoints record it
+
     def evaluate(tag: str) -> tuple[dict[str, Any], list[float], list[Any]]:
         t0 = time.perf_counter()
         policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False,
-                                    max_batch_size=cfg.eval_batch_size or None)
+                                    max_batch_size=cfg.eval_batch_size or None, autocast=autocast)
         driver = RolloutDriver(venv, policy, max_turn_tokens=cfg.max_turn_tokens)
         trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
         write_trajectories(out / "trajectories" / EVAL_FILES[tag], trajs)
@@ -170,7 +184,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         print(f"[demo] held-out {tag:<16}: {_fmt(s)}", flush=True)
         return s, wins, trajs
 
-    run_settings = {"env_id": ENV_ID, "env_kwargs": pk, "max_turn_tokens": cfg.max_turn_tokens,
+    run_settings = {"env_id": ENV_ID, "env_kwargs": pk, "max_turn_tokens": cfg.max_turn_tokens, "autocast": autocast,
                     "eval": {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed}}  # toolgym_run.json
     metrics: dict[str, Any] = {
         "env_id": ENV_ID, "eval_split": "test", "eval_task_ids": [t["id"] for t in eval_tasks],
@@ -198,7 +212,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
                         batch_size=cfg.warmstart_batch_size, seed=cfg.seed,
-                        micro_batch_size=cfg.train_micro_batch_size or None)
+                        micro_batch_size=cfg.train_micro_batch_size or None, optim=cfg.optim, autocast=autocast,
+                        trim_heap=cfg.trim_heap)
     metrics["warmstart"] = {"episodes": len(kept), "policy_tokens": n_tok, "steps": cfg.warmstart_steps,
                             "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
     print(f"[demo] warm start done in {metrics['warmstart']['wall_s']:.0f} s: loss "
@@ -239,6 +254,16 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                   f"frac_reward_zero_std {row['frac_reward_zero_std']:.2f}  tool-call rate "
                   f"{row['tool_call_rate']:.2f}  errors/ep: {err_s}  ({row['step_s']:.0f} s)", flush=True)
 
+    class TrimHeap(TrainerCallback):
+        """Hand the heap's free pages back to the OS after every micro-batch and step (toolgym.resources.trim_heap):
+        the next backward's transient then starts from what is live, not from the last one's leftovers."""
+
+        def on_substep_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            trim_heap()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            trim_heap()
+
     bs = cfg.grpo_num_generations * cfg.grpo_prompts_per_step
     grpo = ALGORITHMS["grpo"]
     grpo_cfg = grpo.Config(
@@ -252,7 +277,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
             beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
             use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
-            gradient_checkpointing=cfg.gradient_checkpointing,
+            gradient_checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, optim=cfg.optim,
         ),
     )
     grpo_tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=cfg.seed + 2, split="train", env_kwargs={"tokenizer": tok})
@@ -260,9 +285,13 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
           f"{cfg.grpo_num_generations} samples (temperature {cfg.grpo_temperature:g}, lr {cfg.grpo_lr:g}, "
           f"beta {cfg.grpo_beta:g}) through trainers.rollout_func.ToolgymRollout", flush=True)
     model.train()
-    grpo.run(grpo_cfg, model=model, tokenizer=tok, tasks=grpo_tasks, callbacks=[StepPrinter()])
+    grpo.run(grpo_cfg, model=model, tokenizer=tok, tasks=grpo_tasks,
+             callbacks=[StepPrinter(), *([TrimHeap()] if cfg.trim_heap else [])])
     model.eval()
     model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
+    # TRL (its fused LM head) and Accelerate (bf16: autocast + float32 outputs) patched ``model.forward`` on the
+    # instance; the evaluation and the saved checkpoint use the model's own forward, as toolgym eval does
+    model.__dict__.pop("forward", None)
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")

@@ -87,6 +87,22 @@ def _turn_budget(trainer: Any, max_new_tokens: int, stop_ids: Sequence[int] = ()
             gk.update(gk_saved)
 
 
+def _generation_autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` around one transformers ``generate()`` call when the trainer trains in mixed precision
+    (``bf16`` / ``fp16``), else nothing. Accelerate already runs each *forward* under autocast, but its weight
+    cache ends with every forward, so each decoding step cast all weights again (measured: no faster than float32
+    on a CPU); one context around the call casts them once. The numbers are the same: the same ops in the same
+    dtype. vLLM generates on its own and is left alone. Autocast is per thread: this runs in the generating one."""
+    args = getattr(trainer, "args", None)
+    dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
+    if dtype is None or getattr(trainer, "use_vllm", False):
+        return contextlib.nullcontext()
+    import torch
+
+    device = getattr(getattr(trainer, "accelerator", None), "device", None)
+    return torch.autocast(getattr(device, "type", "cpu"), dtype=getattr(torch, dtype))
+
+
 class TRLPolicy:
     """A :class:`toolgym.rollout.Policy` that generates with ``trainer._generate_single_turn`` (vLLM or
     transformers, whatever the trainer is configured with), so weights stay in sync and logprobs come for free.
@@ -160,7 +176,7 @@ class TRLPolicy:
             prompts += [self._filler] * (count - len(prompts))
         for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
             self._stops.update(int(t) for t in (r.stop_ids or ()))
-        with _turn_budget(self.trainer, budget, sorted(self._stops)):
+        with _turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())

@@ -22,14 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.resources import trim_heap as toolgym_trim_heap
 from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
 from trainers.contract import RunResult
 from trainers.runconfig import opt
 
 __all__ = [
+    "OPTIMIZERS",
     "Config",
     "collect",
+    "make_optimizer",
     "masked_sft",
     "masked_sft_loss",
     "pad_sft_batch",
@@ -133,6 +136,28 @@ def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any) -> A
     return F.cross_entropy(logits.float(), labels)
 
 
+#: the optimizers :func:`make_optimizer` builds, by their ``transformers.TrainingArguments.optim`` names
+OPTIMIZERS: tuple[str, ...] = ("adamw_torch", "adamw_bnb_8bit")
+
+
+def make_optimizer(params: Sequence[Any], name: str, *, lr: float) -> Any:
+    """An AdamW optimizer (no weight decay) over ``params``, named as ``transformers.TrainingArguments.optim``
+    names it, so one config value means the same optimizer here and in TRL's trainers: ``"adamw_torch"``
+    (``torch.optim.AdamW``, two float32 moments: 8 bytes per parameter) or ``"adamw_bnb_8bit"``
+    (``bitsandbytes.optim.AdamW8bit``, block-wise 8-bit moments: ~2 bytes per parameter; it runs on CPUs too)."""
+    import torch
+
+    if name == "adamw_torch":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if name == "adamw_bnb_8bit":
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise ImportError("optim 'adamw_bnb_8bit' needs bitsandbytes: pip install 'toolgym[train]'") from None
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=0.0)
+    raise ValueError(f"unknown optim {name!r} (one of {', '.join(OPTIMIZERS)})")
+
+
 def masked_sft(
     model: Any,
     trajectories: Sequence[Trajectory | Mapping[str, Any]],
@@ -145,6 +170,9 @@ def masked_sft(
     max_grad_norm: float = 1.0,
     on_step: Callable[[int, float], None] | None = None,
     micro_batch_size: int | None = None,
+    optim: str = "adamw_torch",
+    autocast: str | None = None,
+    trim_heap: bool = False,
 ) -> list[float]:
     """Fine-tune ``model`` in place on the trajectories' policy tokens (``loss_mask`` 1) for ``steps`` steps;
     returns the loss per step. The shared fast path of :func:`train_sft`-style SFT, RFT (:mod:`trainers.rft`)
@@ -157,6 +185,11 @@ def masked_sft(
     ``micro_batch_size``: run each step's forward/backward in chunks of this many trajectories and accumulate the
     gradient (each chunk's loss weighted by its share of the step's policy tokens, so the step's loss and gradient
     are those of the whole batch up to float rounding); bounds activation memory. ``None``: the whole batch.
+    ``optim``: the optimizer, by its ``transformers.TrainingArguments.optim`` name (:func:`make_optimizer`).
+    ``autocast``: run forward and backward under ``torch.autocast`` in this dtype (``"bfloat16"``); weights,
+    gradients and the optimizer stay in the model's dtype. ``trim_heap``: hand the heap's free pages back to the OS
+    after every micro-batch (:func:`toolgym.resources.trim_heap`), so the next one's transient memory does not
+    stack on the last one's leftovers.
     """
     import torch
 
@@ -166,7 +199,8 @@ def masked_sft(
         raise ValueError("masked_sft: no trajectories (did any episode clear the reward threshold?)")
     ids, attn, target = pad_sft_batch(trajectories)
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optim, lr=lr)
+    device = next(model.parameters()).device
     if schedule == "onecycle":
         sched: Any = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
     elif schedule == "linear":
@@ -193,10 +227,14 @@ def masked_sft(
                 share = int(target[mb, 1:width].sum()) / max(1, n_all)
                 if share == 0:
                     continue
-                loss = masked_sft_loss(model, ids[mb, :width], attn[mb, :width], target[mb, :width]) * share
+                with torch.autocast(device.type, dtype=getattr(torch, autocast or "float32"),
+                                    enabled=autocast is not None):
+                    loss = masked_sft_loss(model, ids[mb, :width], attn[mb, :width], target[mb, :width]) * share
                 loss.backward()
                 loss_total += float(loss.item())
                 del loss
+                if trim_heap:
+                    toolgym_trim_heap()
             if max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             opt.step()

@@ -28,6 +28,7 @@ from toolgym.rollout.types import (
     Generation,
     GenerationRequest,
     LogprobsMode,
+    check_autocast,
     check_logprobs_mode,
 )
 
@@ -57,6 +58,11 @@ class TransformersPolicy:
             an episode's tokens do not depend on which other episodes share its batch (``--num-envs``,
             schedule); other requests seed torch's RNG before each call (``seed + call index``). ``None``: torch's
             global RNG, untouched.
+        autocast: a dtype name (``"bfloat16"``, ``"float16"``) to generate under ``torch.autocast`` on the model's
+            device: matrix products in that dtype, weights cast once per ``generate()`` call and kept float32
+            (on a CPU with AMX or AVX512-BF16, ``bfloat16`` decodes ~1.5x faster than float32 at 16-50 rows).
+            Greedy results then differ from float32 ones: evaluate a checkpoint with the setting it was evaluated
+            with (``toolgym_run.json`` carries it). ``None``: the model's own dtype.
     """
 
     concurrent = False
@@ -74,8 +80,10 @@ class TransformersPolicy:
         return_logprobs: bool = True,
         seed: int | None = None,
         logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE,
+        autocast: str | None = None,
     ) -> None:
         self.model = model
+        self.autocast = check_autocast(autocast)
         self.tokenizer = tokenizer
         self.temperature = temperature
         self.top_p = top_p
@@ -148,7 +156,10 @@ class TransformersPolicy:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            # autocast is per thread: entered here, in the thread that generates, around the whole call (its weight
+            # cache then lasts for every decoding step)
+            with torch.no_grad(), torch.autocast(device.type, dtype=getattr(torch, self.autocast or "float32"),
+                                                 enabled=self.autocast is not None):
                 out = self.model.generate(
                     input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config,
                     **({"logits_processor": [sampler]} if sampler is not None else {}),
