@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from toolgym.envs.registration import register_envs
@@ -14,6 +15,11 @@ from toolgym.tools.function import FunctionTool, tool
 from toolgym.trajectory import Trajectory, Turn
 
 __version__ = "0.1.0"
+
+# bitsandbytes (the [train] extra's 8-bit AdamW; peft imports it whenever it is installed) logs a warning at import
+# about an optional 4-bit CPU kernel package toolgym never uses: it would be an extra stderr line in every
+# command that imports TRL or peft (a CLI error is one line)
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __all__ = [
     "FunctionTool",

@@ -16,6 +16,7 @@ never imports this package.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from types import ModuleType
@@ -26,6 +27,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warnings fro
 
 TRL_VERSION = "1.16.0"
 """The TRL version the adapter was written and tested against (``rollout_func`` is experimental there)."""
+
+# bitsandbytes (the [train] extra's 8-bit AdamW; peft imports it whenever it is installed) logs a warning at import
+# about an optional 4-bit CPU kernel package toolgym never uses: it would be an extra stderr line in every
+# command that imports TRL or peft (a CLI error is one line)
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __all__ = ["ALGORITHMS", "TRL_VERSION", "config_class"]
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -130,9 +129,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     phases = Phases()
     phases.mark("load")
-    # bitsandbytes (the 8-bit AdamW) warns at import that an optional 4-bit CPU kernel package is missing; the
-    # demo uses no 4-bit kernel
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     import torch
     from transformers import TrainerCallback
 
