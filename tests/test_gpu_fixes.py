@@ -103,6 +103,27 @@ def test_generation_runs_under_the_trainers_autocast(tmp_path, tasks, bf16):
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
+def test_grpo_run_hands_the_model_back_with_its_own_forward(tmp_path, tasks):
+    """TRL's fused LM head and Accelerate's mixed-precision wrapper patch ``forward`` onto the model instance while
+    training; an in-process caller (the demo evaluates and saves the same object) gets the model's own forward."""
+    import torch
+
+    from toolgym.models import load_tokenizer, tiny_random_model
+    from trainers.grpo import Config, run
+
+    torch.manual_seed(0)
+    tok = load_tokenizer()
+    model = tiny_random_model(tok)
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2, max_completion_length=16,
+               max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
+               disable_tqdm=True, bf16=True)
+    config = Config(max_turn_tokens=16, save_model=False, trl=trl)
+    run(config, model=model, tokenizer=tok, tasks=tasks)
+    assert "forward" not in vars(model)
+    out = model(input_ids=torch.tensor([[1, 2, 3]]))
+    assert out.logits.dtype == torch.float32 and out.logits.shape[1] == 3  # plain logits, no fused-head output
+
+
 def test_stop_ids_reach_vllm_generation_kwargs(tmp_path, tasks):
     """vLLM path (server and colocate read ``vllm_generation.generation_kwargs``): the stop ids are set for the
     call and the trainer's own kwargs are restored after it."""

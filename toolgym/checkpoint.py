@@ -19,21 +19,23 @@ as defaults (an explicit ``--env-kwarg`` or ``--max-new-tokens`` wins). File lay
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AUTOCAST_DTYPES", "RUN_SETTINGS_FILE", "RunSettingsError", "check_autocast", "read_run_settings",
-           "write_run_settings"]
+__all__ = ["AUTOCAST_DTYPES", "RUN_SETTINGS_FILE", "RunSettingsError", "autocast_context", "check_autocast",
+           "read_run_settings", "write_run_settings"]
 
 #: The file name inside a checkpoint directory.
 RUN_SETTINGS_FILE = "toolgym_run.json"
 _FORMAT = 1
 
 
-#: the dtypes a policy may generate in (``TransformersPolicy(autocast=...)``) and a checkpoint may record, under ``torch.autocast`` (``None``: the model's own dtype, no autocast)
+#: the ``torch.autocast`` dtypes a policy may generate in (``TransformersPolicy(autocast=...)``) and a checkpoint
+#: may record (``None``: the model's own dtype, no autocast)
 AUTOCAST_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 
 
@@ -42,6 +44,16 @@ def check_autocast(dtype: str | None) -> str | None:
     if dtype is not None and dtype not in AUTOCAST_DTYPES:
         raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)} or None; got {dtype!r}")
     return dtype
+
+
+def autocast_context(device_type: str, dtype: str | None) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast(device_type, dtype)`` for a dtype name of :data:`AUTOCAST_DTYPES`, or a no-op context for
+    ``None``. Autocast is per thread: enter it in the thread that runs the model."""
+    if check_autocast(dtype) is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast(device_type, dtype=getattr(torch, dtype))
 
 
 class RunSettingsError(ValueError):
@@ -104,10 +116,10 @@ def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | No
     mtt = data.get("max_turn_tokens")
     if mtt is not None and (not isinstance(mtt, int) or mtt < 1):
         raise RunSettingsError(f"{f}: max_turn_tokens must be a positive integer, got {mtt!r}")
-    ac = data.get("autocast")
-    if ac is not None and ac not in AUTOCAST_DTYPES:
-        raise RunSettingsError(f"{f}: autocast must be one of {', '.join(AUTOCAST_DTYPES)} or null, got {ac!r}")
-    data.setdefault("autocast", None)
+    try:
+        check_autocast(data.setdefault("autocast", None))
+    except ValueError as e:
+        raise RunSettingsError(f"{f}: {e}") from None
     data.setdefault("env_kwargs", {})
     data.setdefault("eval", {})
     return data

@@ -6,13 +6,15 @@ The per-phase peak is sampled (``VmRSS`` every 5 ms by a helper thread while the
 last value), so a spike shorter than that can be missed; the whole-process peak is the kernel's own high-water mark
 (``VmHWM``), which toolgym never resets: resetting it (``/proc/self/clear_refs``) also lowers what
 ``/usr/bin/time -v`` reports for the process, so an external measurement would under-report the peak. Where
-``/proc`` is unavailable the per-phase figure is the process peak so far, still an upper bound. Memory figures are MiB (2**20 bytes) of resident memory, the same
-quantity ``/usr/bin/time -v`` reports as "Maximum resident set size" (there in KiB).
+``/proc`` is unavailable the per-phase figure is the process peak so far, still an upper bound. Memory figures are
+MiB (2**20 bytes) of resident memory, the same quantity ``/usr/bin/time -v`` reports as "Maximum resident set
+size" (there in KiB).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import resource
 import sys
 import time
@@ -63,7 +65,19 @@ def reset_peak_rss() -> bool:
     return True
 
 
-_LIBC: list[Any] = []  # [the C library handle, or None where it has no malloc_trim], looked up once
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or ``None`` where there is none (not Linux, musl, no C library found)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    except OSError:
+        return None
 
 
 def trim_heap() -> bool:
@@ -72,23 +86,10 @@ def trim_heap() -> bool:
     micro-batch. glibc keeps freed blocks inside its heap, and after large frees it raises its mmap threshold so
     that later large blocks land in the heap too; measured on ``make demo``'s GRPO micro-batches, ~0.65 GB of RSS
     was such free memory, reused by the next backward only in part."""
-    if not _LIBC:
-        lib = None
-        if sys.platform.startswith("linux"):
-            import ctypes
-            import ctypes.util
-
-            name = ctypes.util.find_library("c")
-            try:
-                lib = ctypes.CDLL(name) if name else None
-                if lib is not None and not hasattr(lib, "malloc_trim"):  # musl and others
-                    lib = None
-            except OSError:
-                lib = None
-        _LIBC.append(lib)
-    if _LIBC[0] is None:
+    trim = _malloc_trim()
+    if trim is None:
         return False
-    _LIBC[0].malloc_trim(0)
+    trim(0)
     return True
 
 

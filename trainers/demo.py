@@ -285,9 +285,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
              callbacks=[StepPrinter(), *([TrimHeap()] if cfg.trim_heap else [])])
     model.eval()
     model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
-    # TRL (its fused LM head) and Accelerate (bf16: autocast + float32 outputs) patched ``model.forward`` on the
-    # instance; the evaluation and the saved checkpoint use the model's own forward, as toolgym eval does
-    model.__dict__.pop("forward", None)
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")

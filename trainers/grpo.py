@@ -132,6 +132,10 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
         trainer.train()
     finally:
         rollout.close()
+        # TRL (its fused LM head) and Accelerate (mixed precision: autocast + float32 outputs) patched ``forward``
+        # onto the model instance: an in-process caller gets the model back with its own forward, as a reload of
+        # the saved weights has it (and a second trainer built on it does not wrap the wrappers)
+        vars(trainer.model).pop("forward", None)
     model_dir = None
     if config.save_model:
         trainer.save_model(args.output_dir)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.checkpoint import autocast_context
 from toolgym.rollout import Generation, GenerationRequest, RolloutDriver
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
@@ -95,12 +96,10 @@ def _generation_autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]
     dtype. vLLM generates on its own and is left alone. Autocast is per thread: this runs in the generating one."""
     args = getattr(trainer, "args", None)
     dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
-    if dtype is None or getattr(trainer, "use_vllm", False):
+    if getattr(trainer, "use_vllm", False):
         return contextlib.nullcontext()
-    import torch
-
     device = getattr(getattr(trainer, "accelerator", None), "device", None)
-    return torch.autocast(getattr(device, "type", "cpu"), dtype=getattr(torch, dtype))
+    return autocast_context(getattr(device, "type", "cpu"), dtype)
 
 
 class TRLPolicy:

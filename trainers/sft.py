@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.checkpoint import autocast_context
 from toolgym.resources import trim_heap as toolgym_trim_heap
 from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
@@ -227,8 +228,7 @@ def masked_sft(
                 share = int(target[mb, 1:width].sum()) / max(1, n_all)
                 if share == 0:
                     continue
-                with torch.autocast(device.type, dtype=getattr(torch, autocast or "float32"),
-                                    enabled=autocast is not None):
+                with autocast_context(device.type, autocast):
                     loss = masked_sft_loss(model, ids[mb, :width], attn[mb, :width], target[mb, :width]) * share
                 loss.backward()
                 loss_total += float(loss.item())

@@ -17,7 +17,6 @@ from toolgym.rollout.driver import RolloutDriver, Schedule, attach_logprobs
 from toolgym.rollout.padding import left_pad
 from toolgym.rollout.policies import OpenAIPolicy, ScriptedPolicy, TransformersPolicy
 from toolgym.rollout.types import (
-    AUTOCAST_DTYPES,
     DEFAULT_LOGPROBS_MODE,
     LOGPROBS_MODES,
     EpisodeState,
@@ -26,13 +25,11 @@ from toolgym.rollout.types import (
     LogprobsMode,
     Policy,
     RolloutStats,
-    check_autocast,
     flatten_logprobs,
 )
 from toolgym.trajectory import read_trajectories, summarize, write_trajectories
 
 __all__ = [
-    "AUTOCAST_DTYPES",
     "DEFAULT_LOGPROBS_MODE",
     "LOGPROBS_MODES",
     "EpisodeState",
@@ -47,7 +44,6 @@ __all__ = [
     "ScriptedPolicy",
     "TransformersPolicy",
     "attach_logprobs",
-    "check_autocast",
     "flatten_logprobs",
     "left_pad",
     "read_trajectories",

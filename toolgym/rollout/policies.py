@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.checkpoint import autocast_context, check_autocast
 from toolgym.rollout.padding import left_pad
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
@@ -28,7 +29,6 @@ from toolgym.rollout.types import (
     Generation,
     GenerationRequest,
     LogprobsMode,
-    check_autocast,
     check_logprobs_mode,
 )
 
@@ -158,8 +158,7 @@ class TransformersPolicy:
         try:
             # autocast is per thread: entered here, in the thread that generates, around the whole call (its weight
             # cache then lasts for every decoding step)
-            with torch.no_grad(), torch.autocast(device.type, dtype=getattr(torch, self.autocast or "float32"),
-                                                 enabled=self.autocast is not None):
+            with torch.no_grad(), autocast_context(device.type, self.autocast):
                 out = self.model.generate(
                     input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config,
                     **({"logits_processor": [sampler]} if sampler is not None else {}),

@@ -30,11 +30,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from toolgym.checkpoint import AUTOCAST_DTYPES, check_autocast
 from toolgym.trajectory import Trajectory
 
 __all__ = [
-    "AUTOCAST_DTYPES",
     "DEFAULT_LOGPROBS_MODE",
     "LOGPROBS_MODES",
     "EpisodeState",
@@ -43,7 +41,6 @@ __all__ = [
     "LogprobsMode",
     "Policy",
     "RolloutStats",
-    "check_autocast",
     "check_logprobs_mode",
     "flatten_logprobs",
 ]
