@@ -28,6 +28,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from dataclasses import asdict, dataclass, fields
@@ -61,11 +62,14 @@ class DemoConfig:
     # memory) and activation checkpointing (recompute instead of keep)
     train_micro_batch_size: int = 2
     gradient_checkpointing: bool = True
+    grpo_gradient_checkpointing: bool | None = None  # GRPO's own setting (None: gradient_checkpointing)
+    grpo_micro_batch_size: int | None = None  # GRPO's own micro-batch (None: train_micro_batch_size)
     # precision and optimizer state (memory and time): bfloat16 autocast for generation and the training
     # forward/backward (weights, gradients and optimizer math stay float32); AdamW with 8-bit moments
     bf16: bool = False
     optim: str = "adamw_torch"
     trim_heap: bool = False  # hand freed heap pages back to the OS after every training micro-batch
+    lora: dict[str, Any] | None = None  # GRPO trains LoRA adapters (peft.LoraConfig fields), merged in after it
     freeze_embeddings: bool = False  # train everything but the (tied) input embedding / LM head
     # warm start: masked SFT on oracle episodes ("train" split)
     warmstart_episodes: int = 32
@@ -224,6 +228,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     # -- GRPO through the adapter --------------------------------------------------------------------------------
     phases.mark("grpo")
+    gc.collect()  # what the evaluations left behind, before GRPO's peak
+    if cfg.trim_heap:
+        trim_heap()
     t0 = time.perf_counter()
     per_step: list[dict[str, Any]] = []
     last = [time.perf_counter()]
@@ -261,30 +268,37 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             trim_heap()
 
     bs = cfg.grpo_num_generations * cfg.grpo_prompts_per_step
+    mb = min(bs, (cfg.grpo_micro_batch_size if cfg.grpo_micro_batch_size is not None
+                  else cfg.train_micro_batch_size) or bs)
+    grpo_ckpt = cfg.gradient_checkpointing if cfg.grpo_gradient_checkpointing is None else cfg.grpo_gradient_checkpointing
     grpo = ALGORITHMS["grpo"]
     grpo_cfg = grpo.Config(
-        env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens,
+        env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens, lora=cfg.lora,
         trajectory_dir=str(out / "trajectories" / "grpo"), save_model=False,  # saved below, with the template
         trl=dict(
             output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
-            per_device_train_batch_size=min(bs, cfg.train_micro_batch_size or bs), generation_batch_size=bs,
-            gradient_accumulation_steps=bs // min(bs, cfg.train_micro_batch_size or bs),
+            per_device_train_batch_size=mb, generation_batch_size=bs, gradient_accumulation_steps=bs // mb,
             num_generations=cfg.grpo_num_generations,
             max_completion_length=cfg.grpo_max_completion_length, temperature=cfg.grpo_temperature,
             beta=cfg.grpo_beta, logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed,
             use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
-            gradient_checkpointing=cfg.gradient_checkpointing, bf16=cfg.bf16, optim=cfg.optim,
+            gradient_checkpointing=grpo_ckpt, bf16=cfg.bf16, optim=cfg.optim,
         ),
     )
     grpo_tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=cfg.seed + 2, split="train", env_kwargs={"tokenizer": tok})
     print(f"[demo] GRPO: {cfg.grpo_steps} steps x {cfg.grpo_prompts_per_step} train tasks x "
           f"{cfg.grpo_num_generations} samples (temperature {cfg.grpo_temperature:g}, lr {cfg.grpo_lr:g}, "
           f"beta {cfg.grpo_beta:g}) through trainers.rollout_func.ToolgymRollout", flush=True)
+    if not grpo_ckpt and cfg.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
     model.train()
     grpo.run(grpo_cfg, model=model, tokenizer=tok, tasks=grpo_tasks,
              callbacks=[StepPrinter(), *([TrimHeap()] if cfg.trim_heap else [])])
     model.eval()
     model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
+    gc.collect()  # the trainer and its optimizer state sit in reference cycles: free them before the evaluation
+    if cfg.trim_heap:
+        trim_heap()
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")

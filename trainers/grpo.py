@@ -23,7 +23,7 @@ from typing import Any
 from trainers.contract import RunResult
 from trainers.runconfig import opt
 
-__all__ = ["Config", "build_trainer", "run", "trainer_class"]
+__all__ = ["Config", "build_trainer", "lora_config", "merge_adapters", "run", "trainer_class"]
 
 
 @dataclass
@@ -51,6 +51,10 @@ class Config:
                                     "minus a per-turn-index group baseline) | gigpo (episode advantage + a step "
                                     "advantage among turns from the same env state); trainers/turn_grpo.py")
     gamma: float = opt(1.0, "per-turn discount of the turn_return / gigpo returns, in (0, 1]")
+    lora: dict[str, Any] | None = field(default=None, metadata={
+        "help": "train LoRA adapters instead of every weight: peft.LoraConfig fields, e.g. {r: 16, lora_alpha: 32, "
+                "target_modules: all-linear}; null = full fine-tuning. Transformers generation runs on the merged "
+                "weights; the saved model (and an in-process caller's model) has the adapters merged in"})
     trl: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
                 "...); a trl.GRPOConfig object is accepted too", "trl_config": "GRPOConfig"})
@@ -61,6 +65,22 @@ class Config:
         check_estimator(self.advantage)
         if not 0.0 < float(self.gamma) <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.lora is not None and not isinstance(self.lora, Mapping):
+            raise ValueError(f"lora must be a mapping of peft.LoraConfig fields or null, got {self.lora!r}")
+
+
+def lora_config(fields: Mapping[str, Any]) -> Any:
+    """``peft.LoraConfig(**fields)`` for a causal LM (``task_type`` defaults to ``CAUSAL_LM``); a field LoraConfig
+    does not have is a ``ValueError`` naming it."""
+    import dataclasses
+
+    from peft import LoraConfig
+
+    known = {f.name for f in dataclasses.fields(LoraConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"lora: unknown peft.LoraConfig field(s) {unknown}")
+    return LoraConfig(**{"task_type": "CAUSAL_LM", **fields})
 
 
 def trainer_class(config: Config) -> type:
@@ -110,6 +130,7 @@ def build_trainer(
         train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
         advantage=config.advantage, gamma=config.gamma,
+        **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
     )
     add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
     return trainer, rollout
@@ -126,6 +147,8 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     from trainers.contract import prepare
 
     prepare(threads=config.threads)
+    # LoRA freezes every base weight: the caller's model gets its own trainable set back with the merged weights
+    trainable = None if model is None else {n: p.requires_grad for n, p in model.named_parameters()}
     trainer, rollout = build_trainer(config, model=model, tokenizer=tokenizer, tasks=tasks, callbacks=callbacks)
     args = trainer.args
     try:
@@ -136,9 +159,16 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
         # onto the model instance: an in-process caller gets the model back with its own forward, as a reload of
         # the saved weights has it (and a second trainer built on it does not wrap the wrappers)
         vars(trainer.model).pop("forward", None)
+        merged = merge_adapters(trainer)
+        if merged is not None and trainable is not None:
+            for n, p in merged.named_parameters():
+                p.requires_grad_(trainable.get(n, p.requires_grad))
     model_dir = None
     if config.save_model:
-        trainer.save_model(args.output_dir)
+        if merged is None:
+            trainer.save_model(args.output_dir)
+        elif trainer.accelerator.is_main_process:  # a plain checkpoint: toolgym eval / vLLM load it as any model
+            merged.save_pretrained(args.output_dir)
         if trainer.accelerator.is_main_process:
             trainer.processing_class.save_pretrained(args.output_dir)
         model_dir = str(args.output_dir)
@@ -147,6 +177,21 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     return RunResult("grpo", str(args.output_dir), model_dir,
                      {"global_step": int(trainer.state.global_step), "log_history": list(trainer.state.log_history)},
                      artifacts)
+
+
+def merge_adapters(trainer: Any) -> Any:
+    """Fold the LoRA adapters of ``trainer.model`` into its base weights and remove them (``merge_and_unload``):
+    the model the caller passed in is then a plain model again, with the trained weights. Returns that model, or
+    ``None`` when the trainer has no adapters. TRL's fused LM head, patched onto the base model's instance, is
+    dropped with them."""
+    from accelerate.utils import is_peft_model
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if not is_peft_model(model):
+        return None
+    base = model.merge_and_unload()
+    vars(base).pop("forward", None)
+    return base
 
 
 if __name__ == "__main__":  # `python -m trainers.grpo ...` = `toolgym train grpo ...`

@@ -102,6 +102,30 @@ def _generation_autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]
     return autocast_context(getattr(device, "type", "cpu"), dtype)
 
 
+@contextlib.contextmanager
+def _merged_adapters(trainer: Any) -> Iterator[None]:
+    """LoRA adapters merged into the base weights for one transformers ``generate()`` call, unmerged after it.
+
+    Unmerged, every decoding step runs each adapted linear layer as three matrix products (measured on 2 CPU
+    threads with rank 16 on every linear layer of SmolLM2-135M: GRPO's generation took 2x as long); merged, it is
+    one, and the tokens are those of the same function. vLLM generates from weights TRL merges and syncs itself;
+    DeepSpeed / FSDP shard the weights, so they are left alone too. A model without adapters: nothing happens."""
+    model = getattr(trainer, "model", None)
+    accelerator = getattr(trainer, "accelerator", None)
+    if model is not None and accelerator is not None:
+        model = accelerator.unwrap_model(model)
+    sharded = getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)
+    if (model is None or getattr(trainer, "use_vllm", False) or sharded
+            or not callable(getattr(model, "merge_adapter", None)) or not getattr(model, "peft_config", None)):
+        yield
+        return
+    model.merge_adapter()
+    try:
+        yield
+    finally:
+        model.unmerge_adapter()
+
+
 class TRLPolicy:
     """A :class:`toolgym.rollout.Policy` that generates with ``trainer._generate_single_turn`` (vLLM or
     transformers, whatever the trainer is configured with), so weights stay in sync and logprobs come for free.
@@ -175,7 +199,8 @@ class TRLPolicy:
             prompts += [self._filler] * (count - len(prompts))
         for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
             self._stops.update(int(t) for t in (r.stop_ids or ()))
-        with _turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer):
+        with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
+              _merged_adapters(self.trainer)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())

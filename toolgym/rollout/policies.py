@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.checkpoint import autocast_context, check_autocast
+from toolgym.rollout.kvcache import cache_kwarg, reserved_cache
 from toolgym.rollout.padding import left_pad
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
@@ -81,8 +82,10 @@ class TransformersPolicy:
         seed: int | None = None,
         logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE,
         autocast: str | None = None,
+        reserve_cache: bool = True,
     ) -> None:
         self.model = model
+        self.reserve_cache = reserve_cache
         self.autocast = check_autocast(autocast)
         self.tokenizer = tokenizer
         self.temperature = temperature
@@ -159,10 +162,14 @@ class TransformersPolicy:
             # autocast is per thread: entered here, in the thread that generates, around the whole call (its weight
             # cache then lasts for every decoding step)
             with torch.no_grad(), autocast_context(device.type, self.autocast):
+                extra: dict[str, Any] = {"logits_processor": [sampler]} if sampler is not None else {}
+                cache = reserved_cache(self.model, ids.shape[0], width + max_new) if self.reserve_cache else None
+                if cache is not None:
+                    extra[cache_kwarg()] = cache
                 out = self.model.generate(
-                    input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config,
-                    **({"logits_processor": [sampler]} if sampler is not None else {}),
+                    input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config, **extra,
                 )
+                del cache, extra
         finally:
             if was_training:
                 self.model.train()
