@@ -28,7 +28,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
 from dataclasses import asdict, dataclass, fields
@@ -227,10 +226,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
           flush=True)
 
     # -- GRPO through the adapter --------------------------------------------------------------------------------
-    phases.mark("grpo")
-    gc.collect()  # what the evaluations left behind, before GRPO's peak
-    if cfg.trim_heap:
-        trim_heap()
+    phases.mark("grpo")  # (every mark collects garbage and trims the heap: toolgym.resources.release_memory)
     t0 = time.perf_counter()
     per_step: list[dict[str, Any]] = []
     last = [time.perf_counter()]
@@ -296,9 +292,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
              callbacks=[StepPrinter(), *([TrimHeap()] if cfg.trim_heap else [])])
     model.eval()
     model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
-    gc.collect()  # the trainer and its optimizer state sit in reference cycles: free them before the evaluation
-    if cfg.trim_heap:
-        trim_heap()
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),
                        "episodes": cfg.grpo_steps * bs}
     phases.mark("eval_after_grpo")

@@ -148,7 +148,8 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
 
     prepare(threads=config.threads)
     # LoRA freezes every base weight: the caller's model gets its own trainable set back with the merged weights
-    trainable = None if model is None else {n: p.requires_grad for n, p in model.named_parameters()}
+    trainable = None if model is None or config.lora is None else {
+        n: p.requires_grad for n, p in model.named_parameters()}
     trainer, rollout = build_trainer(config, model=model, tokenizer=tokenizer, tasks=tasks, callbacks=callbacks)
     args = trainer.args
     try:

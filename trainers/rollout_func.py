@@ -110,13 +110,12 @@ def _merged_adapters(trainer: Any) -> Iterator[None]:
     threads with rank 16 on every linear layer of SmolLM2-135M: GRPO's generation took 2x as long); merged, it is
     one, and the tokens are those of the same function. vLLM generates from weights TRL merges and syncs itself;
     DeepSpeed / FSDP shard the weights, so they are left alone too. A model without adapters: nothing happens."""
-    model = getattr(trainer, "model", None)
-    accelerator = getattr(trainer, "accelerator", None)
-    if model is not None and accelerator is not None:
-        model = accelerator.unwrap_model(model)
+    from accelerate.utils import is_peft_model
+
+    model, accelerator = getattr(trainer, "model", None), getattr(trainer, "accelerator", None)
+    model = accelerator.unwrap_model(model) if model is not None and accelerator is not None else model
     sharded = getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)
-    if (model is None or getattr(trainer, "use_vllm", False) or sharded
-            or not callable(getattr(model, "merge_adapter", None)) or not getattr(model, "peft_config", None)):
+    if model is None or not is_peft_model(model) or getattr(trainer, "use_vllm", False) or sharded:
         yield
         return
     model.merge_adapter()

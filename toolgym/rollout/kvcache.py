@@ -21,11 +21,13 @@ for any other (sliding windows, linear attention, encoder-decoder) :func:`reserv
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = ["cache_kwarg", "reserved_cache"]
 
 
+@functools.cache
 def _layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
@@ -118,7 +120,6 @@ def reserved_cache(model: Any, batch: int, length: int) -> Any | None:
             k.new_empty(batch, k.shape[1], length, k.shape[-1], dtype=dtype or k.dtype),
             v.new_empty(batch, v.shape[1], length, v.shape[-1], dtype=dtype or v.dtype),
         ))
-    del probe, probe_layers
     cache.layers = layers
     return cache
 

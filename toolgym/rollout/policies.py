@@ -169,7 +169,6 @@ class TransformersPolicy:
                 out = self.model.generate(
                     input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config, **extra,
                 )
-                del cache, extra
         finally:
             if was_training:
                 self.model.train()
