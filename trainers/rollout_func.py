@@ -106,9 +106,10 @@ def _generation_autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]
 def _merged_adapters(trainer: Any) -> Iterator[None]:
     """LoRA adapters merged into the base weights for one transformers ``generate()`` call, unmerged after it.
 
-    Unmerged, every decoding step runs each adapted linear layer as three matrix products (measured on 2 CPU
-    threads with rank 16 on every linear layer of SmolLM2-135M: GRPO's generation took 2x as long); merged, it is
-    one, and the tokens are those of the same function. vLLM generates from weights TRL merges and syncs itself;
+    Unmerged, every decoding step runs each adapted linear layer as three matrix products (on 2 CPU threads with
+    rank 16 on every linear layer of SmolLM2-135M, 3 GRPO steps generated in 79 s against 40 s for full
+    fine-tuning; the episodes were the same only in step 1); merged, it is one, and the tokens are those of the
+    same function. vLLM generates from weights TRL merges and syncs itself;
     DeepSpeed / FSDP shard the weights, so they are left alone too. A model without adapters: nothing happens."""
     from accelerate.utils import is_peft_model
 
