@@ -23,7 +23,8 @@ from typing import Any
 from trainers.contract import RunResult
 from trainers.runconfig import opt
 
-__all__ = ["Config", "build_trainer", "lora_config", "merge_adapters", "run", "trainer_class"]
+__all__ = ["Config", "build_trainer", "lora_config", "merge_adapters", "no_autocast_weight_cache", "run",
+           "trainer_class"]
 
 
 @dataclass
@@ -133,6 +134,7 @@ def build_trainer(
         **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
     )
     add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
+    no_autocast_weight_cache(trainer)
     return trainer, rollout
 
 
@@ -178,6 +180,25 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     return RunResult("grpo", str(args.output_dir), model_dir,
                      {"global_step": int(trainer.state.global_step), "log_history": list(trainer.state.log_history)},
                      artifacts)
+
+
+def no_autocast_weight_cache(trainer: Any) -> bool:
+    """Turn off the weight cache of the autocast context Accelerate wraps the model's forward in (mixed precision),
+    before ``train()`` prepares the model; returns whether it did.
+
+    With the cache on, each forward keeps a half-precision copy of every trainable weight until it returns (the
+    cache lives as long as the outermost autocast context). A training forward uses each weight once, so the cache
+    saves no cast there; under gradient checkpointing it only holds ~2 bytes per trainable parameter that would
+    otherwise be freed layer by layer (SmolLM2-135M: ~212 MB). The values are the same: the same cast, made at
+    use. Generation keeps one cache per ``generate()`` call (:func:`trainers.rollout_func.TRLPolicy` runs it under
+    its own context, without this wrapper). An autocast handler the caller configured is left as it is."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is None or not getattr(accelerator, "native_amp", False) or accelerator.autocast_handler is not None:
+        return False
+    from accelerate.utils import AutocastKwargs
+
+    accelerator.autocast_handler = AutocastKwargs(cache_enabled=False)
+    return True
 
 
 def merge_adapters(trainer: Any) -> Any:

@@ -103,6 +103,32 @@ def _generation_autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]
 
 
 @contextlib.contextmanager
+def _forward_without_amp_wrapper(trainer: Any) -> Iterator[None]:
+    """The model's forward without Accelerate's mixed-precision wrapper for one transformers ``generate()`` call
+    that :func:`_generation_autocast` already runs under one autocast context.
+
+    Accelerate wraps ``forward`` in an autocast context of its own (``model._original_forward`` keeps the forward
+    it wrapped). :func:`trainers.grpo.build_trainer` turns that context's weight cache off (the training forward
+    then holds no half-precision copy of every weight), and an inner context with the cache off turns it off for
+    the outer one too: every decoding step would cast every weight again. Unwrapped, the call's one context casts
+    them once. The tokens are the same: the same ops in the same dtypes (``generate`` reads the logits as float32
+    either way). Without a mixed-precision context, under vLLM, or without the wrapper: nothing happens."""
+    model, accelerator = getattr(trainer, "model", None), getattr(trainer, "accelerator", None)
+    model = accelerator.unwrap_model(model) if model is not None and accelerator is not None else model
+    original = vars(model).get("_original_forward") if model is not None and hasattr(model, "__dict__") else None
+    wrapped = vars(model).get("forward") if original is not None else None
+    if (wrapped is None or isinstance(_generation_autocast(trainer), contextlib.nullcontext)
+            or getattr(trainer, "use_vllm", False)):
+        yield
+        return
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = wrapped
+
+
+@contextlib.contextmanager
 def _merged_adapters(trainer: Any) -> Iterator[None]:
     """LoRA adapters merged into the base weights for one transformers ``generate()`` call, unmerged after it.
 
@@ -200,7 +226,7 @@ class TRLPolicy:
         for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
             self._stops.update(int(t) for t in (r.stop_ids or ()))
         with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
-              _merged_adapters(self.trainer)):
+              _forward_without_amp_wrapper(self.trainer), _merged_adapters(self.trainer)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())

@@ -1,0 +1,165 @@
+"""What GRPO's training step holds and computes, on a real TRL ``GRPOTrainer`` (tiny random model, CPU):
+
+* :func:`trainers.turn_grpo.trim_padding`: a micro-batch's loss runs over its own width, not the generation
+  batch's, and its loss and gradients are those of the padded micro-batch;
+* :func:`trainers.grpo.no_autocast_weight_cache`: under bf16 autocast the training forward keeps no bf16 copy of
+  the weights, and generation (run without Accelerate's wrapper, under one autocast context) gives the tokens it
+  gave with the wrapper.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("trl", reason="the GRPO adapter needs the [train] extra (trl)")
+
+from tests.test_turn_grpo import batch_inputs, make_trainer  # noqa: E402
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+def _loss_and_grads(trainer, loss_fn, inputs):
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.zero_grad(set_to_none=True)
+    loss = loss_fn(trainer.model, inputs)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    trainer.model.zero_grad(set_to_none=True)
+    return float(loss), grads
+
+
+@pytest.mark.parametrize("advantage", ["outcome", "turn_return"])
+def test_a_micro_batch_trains_on_its_own_width_with_the_same_loss_and_gradients(tmp_path, advantage):
+    import torch
+    from trl import GRPOTrainer
+
+    from trainers.turn_grpo import trim_padding
+
+    trainer, rollout, tasks = make_trainer(tmp_path, advantage=advantage)
+    try:
+        trainer.model.train()
+        out = trainer._generate_and_score_completions(batch_inputs(tasks))
+        lengths = out["completion_mask"].sum(1)
+        prompt_lengths = out["prompt_mask"].sum(1)
+        assert len(set(lengths.tolist())) > 1 and len(set(prompt_lengths.tolist())) > 1  # padding on both sides
+        # a micro-batch of the two shortest completions, cut from the batch the way TRL's split_tensor_dict does
+        rows = torch.argsort(lengths)[:2]
+        mb = {k: (v[rows] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v) for k, v in out.items()}
+        trimmed = trim_padding(mb, multiple=1)
+        assert trimmed["completion_ids"].shape == (2, int(lengths[rows].max()))
+        assert trimmed["prompt_ids"].shape == (2, int(prompt_lengths[rows].max()))
+        assert trimmed["completion_ids"].shape[1] < out["completion_ids"].shape[1]
+        bucketed = trim_padding(mb, multiple=8)  # widths in multiples of 8 columns (or the batch's own)
+        for k, w in (("completion_ids", int(lengths[rows].max())), ("prompt_ids", int(prompt_lengths[rows].max()))):
+            assert bucketed[k].shape[1] == min(mb[k].shape[1], -(-w // 8) * 8)
+        for k in ("completion_mask", "tool_mask"):
+            assert trimmed[k].shape == trimmed["completion_ids"].shape
+        if advantage == "turn_return":  # per-token advantages are cut with the completion
+            assert trimmed["advantages"].shape == trimmed["completion_ids"].shape
+        assert mb["completion_ids"].shape[1] == out["completion_ids"].shape[1]  # the input dict is not modified
+
+        trainer.model.double()  # float64: what is left of any difference is the trim's, not float32 rounding
+        ref_loss, ref_grads = _loss_and_grads(trainer, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), mb)
+        loss, grads = _loss_and_grads(trainer, lambda m, x: GRPOTrainer._compute_loss(trainer, m, trimmed), mb)
+        assert out["completion_ids"].shape[1] > 64  # so the subclass (multiples of 64 columns) trims too
+        loss64, _ = _loss_and_grads(trainer, trainer._compute_loss, mb)
+        assert loss64 == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
+        assert loss == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
+        assert ref_grads and grads.keys() == ref_grads.keys()
+        assert any(float(g.abs().max()) > 0 for g in ref_grads.values())  # a micro-batch with a signal
+        for n, g in grads.items():
+            assert float((g - ref_grads[n]).norm()) <= 1e-9 * float(ref_grads[n].norm()) + 1e-15, n
+    finally:
+        rollout.close()
+
+
+def test_trim_padding_leaves_a_batch_it_cannot_slice_whole():
+    import torch
+
+    from trainers.turn_grpo import trim_padding
+
+    mb = {"prompt_ids": torch.tensor([[0, 5, 6], [0, 0, 7]]), "prompt_mask": torch.tensor([[0, 1, 1], [0, 0, 1]]),
+          "completion_ids": torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]]),
+          "completion_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0]]), "advantages": torch.tensor([0.5, -0.5])}
+    trimmed = trim_padding(mb, multiple=1)
+    assert trimmed["prompt_ids"].tolist() == [[5, 6], [0, 7]]
+    assert trimmed["completion_ids"].tolist() == [[1, 2], [3, 0]]
+    assert trimmed["advantages"].tolist() == [0.5, -0.5]  # per sequence: untouched
+    assert trim_padding(mb, multiple=3)["completion_ids"].tolist() == [[1, 2, 0], [3, 0, 0]]
+    assert trim_padding(mb, multiple=3)["prompt_ids"].shape == (2, 3)  # 2 used columns -> 3 (all of them)
+    assert trim_padding(mb)["completion_ids"].shape == (2, 4)  # 64: the batch's own width
+    # a tensor laid out over the whole sequence that trim_padding does not know: nothing is cut
+    whole = {**mb, "token_type_ids": torch.zeros(2, 7, dtype=torch.long)}
+    assert trim_padding(whole, multiple=1) is whole
+    # no padding column anywhere: the same dict back
+    full = {k: (v[:, 2:] if k.startswith("prompt") else v[:, :1] if k.startswith("completion") else v)
+            for k, v in mb.items()}
+    assert trim_padding(full, multiple=1) is full
+
+
+def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchanged(tmp_path, monkeypatch):
+    """The autocast weight cache is off in the training forward (seen from inside it, through a hook: Accelerate's
+    wrapper clears the cache on exit either way); generation runs the unwrapped forward under one autocast context
+    with the cache on, gives the tokens the old path gave (Accelerate's wrapper, cache on), and the wrapper is back
+    after it."""
+    import contextlib
+
+    import numpy as np
+    import torch
+
+    import trainers.rollout_func as rf
+    from toolgym.envs.calculator import generate_task
+    from toolgym.models import load_tokenizer, tiny_random_model
+    from toolgym.rollout import GenerationRequest
+    from trainers.grpo import Config, build_trainer, no_autocast_weight_cache
+
+    torch.manual_seed(0)
+    tok = load_tokenizer()
+    model = tiny_random_model(tok)
+    tasks = [generate_task(np.random.default_rng(3)) for _ in range(2)]
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=16,
+               max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
+               disable_tqdm=True, bf16=True, temperature=1.0)
+    trainer, rollout = build_trainer(Config(max_turn_tokens=8, save_model=False, trl=trl), model=model,
+                                     tokenizer=tok, tasks=tasks)
+    try:
+        acc = trainer.accelerator
+        assert acc.native_amp and acc.autocast_handler.cache_enabled is False
+        assert no_autocast_weight_cache(trainer) is False  # a handler already set is left alone
+        acc.prepare_model(model)  # what train() does: wraps forward in autocast (cache off)
+        seen: list[bool] = []
+        hook = model.model.layers[0].mlp.register_forward_hook(
+            lambda *a: seen.append(torch.is_autocast_cache_enabled()))
+        model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+        assert seen == [False]
+
+        text = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], add_generation_prompt=True,
+                                       tokenize=False)
+        prompt = [GenerationRequest(prompt_ids=list(tok(text, add_special_tokens=False)["input_ids"]),
+                                    max_new_tokens=8)]
+        trainer.generation_config.do_sample = False
+        policy = rf.TRLPolicy(trainer)
+        wrapped = vars(model)["forward"]
+        seen.clear()
+        [ours] = policy.generate(prompt)
+        assert len(seen) > 2 and all(seen)  # every decoding step ran with the call's cache on
+        assert vars(model)["forward"] is wrapped  # the wrapper is back
+
+        # without the bypass, the wrapper's cache-off context would turn the call's cache off at every step
+        monkeypatch.setattr(rf, "_forward_without_amp_wrapper", lambda trainer: contextlib.nullcontext())
+        seen.clear()
+        [same] = policy.generate(prompt)
+        assert seen and not any(seen) and same.token_ids == ours.token_ids
+        # the old path: Accelerate's wrapper with its default handler (cache on)
+        model.forward = vars(model).pop("_original_forward")
+        acc.autocast_handler = None
+        acc.prepare_model(model)
+        seen.clear()
+        [old] = policy.generate(prompt)
+        assert seen and all(seen)
+        assert old.token_ids == ours.token_ids and len(ours.token_ids) > 1
+        hook.remove()
+    finally:
+        rollout.close()
