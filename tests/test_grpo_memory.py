@@ -148,7 +148,7 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
         assert vars(model)["forward"] is wrapped  # the wrapper is back
 
         # without the bypass, the wrapper's cache-off context would turn the call's cache off at every step
-        monkeypatch.setattr(rf, "_forward_without_amp_wrapper", lambda trainer: contextlib.nullcontext())
+        monkeypatch.setattr(rf, "_without_amp_wrapper", lambda model: contextlib.nullcontext())
         seen.clear()
         [same] = policy.generate(prompt)
         assert seen and not any(seen) and same.token_ids == ours.token_ids

@@ -88,37 +88,41 @@ def _turn_budget(trainer: Any, max_new_tokens: int, stop_ids: Sequence[int] = ()
             gk.update(gk_saved)
 
 
-def _generation_autocast(trainer: Any) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast`` around one transformers ``generate()`` call when the trainer trains in mixed precision
-    (``bf16`` / ``fp16``), else nothing. Accelerate already runs each *forward* under autocast, but its weight
-    cache ends with every forward, so each decoding step cast all weights again (measured: no faster than float32
-    on a CPU); one context around the call casts them once. The numbers are the same: the same ops in the same
-    dtype. vLLM generates on its own and is left alone. Autocast is per thread: this runs in the generating one."""
-    args = getattr(trainer, "args", None)
-    dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
-    if getattr(trainer, "use_vllm", False):
-        return contextlib.nullcontext()
-    device = getattr(getattr(trainer, "accelerator", None), "device", None)
-    return autocast_context(getattr(device, "type", "cpu"), dtype)
+def _unwrapped_model(trainer: Any) -> Any:
+    """The trainer's model without Accelerate's distributed wrapper (``None`` when the trainer has no model)."""
+    model, accelerator = getattr(trainer, "model", None), getattr(trainer, "accelerator", None)
+    return accelerator.unwrap_model(model) if model is not None and accelerator is not None else model
 
 
 @contextlib.contextmanager
-def _forward_without_amp_wrapper(trainer: Any) -> Iterator[None]:
-    """The model's forward without Accelerate's mixed-precision wrapper for one transformers ``generate()`` call
-    that :func:`_generation_autocast` already runs under one autocast context.
+def _generation_autocast(trainer: Any) -> Iterator[None]:
+    """One ``torch.autocast`` context around one transformers ``generate()`` call when the trainer trains in mixed
+    precision (``bf16`` / ``fp16``), else nothing. vLLM generates on its own and is left alone. Autocast is per
+    thread: this runs in the generating one.
 
-    Accelerate wraps ``forward`` in an autocast context of its own (``model._original_forward`` keeps the forward
-    it wrapped). :func:`trainers.grpo.build_trainer` turns that context's weight cache off (the training forward
-    then holds no half-precision copy of every weight), and an inner context with the cache off turns it off for
-    the outer one too: every decoding step would cast every weight again. Unwrapped, the call's one context casts
-    them once. The tokens are the same: the same ops in the same dtypes (``generate`` reads the logits as float32
-    either way). Without a mixed-precision context, under vLLM, or without the wrapper: nothing happens."""
-    model, accelerator = getattr(trainer, "model", None), getattr(trainer, "accelerator", None)
-    model = accelerator.unwrap_model(model) if model is not None and accelerator is not None else model
-    original = vars(model).get("_original_forward") if model is not None and hasattr(model, "__dict__") else None
-    wrapped = vars(model).get("forward") if original is not None else None
-    if (wrapped is None or isinstance(_generation_autocast(trainer), contextlib.nullcontext)
-            or getattr(trainer, "use_vllm", False)):
+    Accelerate runs each *forward* under an autocast context of its own whose weight cache ends with the forward, so
+    each decoding step cast all weights again (measured: no faster than float32 on a CPU); one context around the
+    call casts them once. The call also runs the forward Accelerate wrapped (:func:`_without_amp_wrapper`): that
+    wrapper's context has its weight cache off (:func:`trainers.grpo.no_autocast_weight_cache`), and an inner
+    context with the cache off turns it off for the outer one too. The numbers are the same: the same ops in the
+    same dtypes (``generate`` reads the logits as float32 either way)."""
+    args = getattr(trainer, "args", None)
+    dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
+    if dtype is None or getattr(trainer, "use_vllm", False):
+        yield
+        return
+    device = getattr(getattr(trainer, "accelerator", None), "device", None)
+    with autocast_context(getattr(device, "type", "cpu"), dtype), _without_amp_wrapper(_unwrapped_model(trainer)):
+        yield
+
+
+@contextlib.contextmanager
+def _without_amp_wrapper(model: Any) -> Iterator[None]:
+    """``model.forward`` set back to the forward Accelerate wrapped in mixed precision (``model._original_forward``)
+    for the duration; nothing when it is not wrapped."""
+    attrs = vars(model) if model is not None else {}
+    original, wrapped = attrs.get("_original_forward"), attrs.get("forward")
+    if original is None or wrapped is None:
         yield
         return
     model.forward = original
@@ -139,8 +143,7 @@ def _merged_adapters(trainer: Any) -> Iterator[None]:
     DeepSpeed / FSDP shard the weights, so they are left alone too. A model without adapters: nothing happens."""
     from accelerate.utils import is_peft_model
 
-    model, accelerator = getattr(trainer, "model", None), getattr(trainer, "accelerator", None)
-    model = accelerator.unwrap_model(model) if model is not None and accelerator is not None else model
+    model = _unwrapped_model(trainer)
     sharded = getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)
     if model is None or not is_peft_model(model) or getattr(trainer, "use_vllm", False) or sharded:
         yield
@@ -226,7 +229,7 @@ class TRLPolicy:
         for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
             self._stops.update(int(t) for t in (r.stop_ids or ()))
         with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
-              _forward_without_amp_wrapper(self.trainer), _merged_adapters(self.trainer)):
+              _merged_adapters(self.trainer)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())

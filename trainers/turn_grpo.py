@@ -51,6 +51,10 @@ COMPLETION_ALIGNED = ("completion_ids", "completion_mask", "tool_mask", "old_per
 TRIM_MULTIPLE = 64
 
 
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 def trim_padding(inputs: dict[str, Any], multiple: int = TRIM_MULTIPLE) -> dict[str, Any]:
     """One micro-batch of GRPO loss inputs without the padding columns none of its rows needs.
 
@@ -86,12 +90,11 @@ def trim_padding(inputs: dict[str, Any], multiple: int = TRIM_MULTIPLE) -> dict[
                 and v.size(1) in (p_w, c_w, p_w + c_w)):
             return inputs  # a tensor this function does not know how to slice: leave the batch whole
     step = max(1, int(multiple))
-    used_p = pm.ne(0).any(dim=0).nonzero()
-    first = int(used_p[0]) if len(used_p) else 0
-    first = max(0, p_w - -(-(p_w - first) // step) * step)  # keep a multiple of ``step`` columns (or all of them)
-    used_c = cm.ne(0).any(dim=0).nonzero()
-    keep = int(used_c[-1]) + 1 if len(used_c) else 1
-    keep = min(c_w, -(-keep // step) * step)
+    used_p, used_c = pm.ne(0).any(dim=0).nonzero(), cm.ne(0).any(dim=0).nonzero()
+    # columns kept on each side: what its rows use, rounded up to a multiple of ``step``, at most the batch's own
+    p_keep = min(p_w, _round_up(p_w - int(used_p[0]) if len(used_p) else p_w, step))
+    c_keep = min(c_w, _round_up(int(used_c[-1]) + 1 if len(used_c) else 1, step))
+    first, keep = p_w - p_keep, c_keep
     if first == 0 and keep == c_w:
         return inputs
     out = dict(inputs)
