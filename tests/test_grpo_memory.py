@@ -2,6 +2,8 @@
 
 * :func:`trainers.turn_grpo.trim_padding`: a micro-batch's loss runs over its own width, not the generation
   batch's, and its loss and gradients are those of the padded micro-batch;
+* :func:`trainers.turn_grpo.scored_positions_only`: TRL's fused LM head projects only the completion positions
+  on a CPU (as it does on Triton devices), with the same loss and gradients;
 * :func:`trainers.grpo.no_autocast_weight_cache`: under bf16 autocast the training forward keeps no bf16 copy of
   the weights, and generation (run without Accelerate's wrapper, under one autocast context) gives the tokens it
   gave with the wrapper.
@@ -64,8 +66,16 @@ def test_a_micro_batch_trains_on_its_own_width_with_the_same_loss_and_gradients(
         ref_loss, ref_grads = _loss_and_grads(trainer, lambda m, x: GRPOTrainer._compute_loss(trainer, m, x), mb)
         loss, grads = _loss_and_grads(trainer, lambda m, x: GRPOTrainer._compute_loss(trainer, m, trimmed), mb)
         assert out["completion_ids"].shape[1] > 64  # so the subclass (multiples of 64 columns) trims too
-        loss64, _ = _loss_and_grads(trainer, trainer._compute_loss, mb)
+        loss64, grads64 = _loss_and_grads(trainer, trainer._compute_loss, mb)  # trimmed, completion rows scored
         assert loss64 == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
+        assert grads64.keys() == ref_grads.keys()
+        # TRL's head accumulates its weight gradient in float32 (``_addmm_fp32``), over the rows it scores: the
+        # (tied) output embedding's gradient sums fewer rows (no all-zero ones), so it agrees to float32 rounding
+        head = trainer.model.get_output_embeddings().weight.data_ptr()
+        for n, p in trainer.model.named_parameters():
+            if n in grads64:
+                tol = 1e-6 if p.data_ptr() == head else 1e-9
+                assert float((grads64[n] - ref_grads[n]).norm()) <= tol * float(ref_grads[n].norm()) + 1e-15, n
         assert loss == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
         assert ref_grads and grads.keys() == ref_grads.keys()
         assert any(float(g.abs().max()) > 0 for g in ref_grads.values())  # a micro-batch with a signal
@@ -161,5 +171,176 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
         assert seen and all(seen)
         assert old.token_ids == ours.token_ids and len(ours.token_ids) > 1
         hook.remove()
+    finally:
+        rollout.close()
+
+
+@pytest.mark.parametrize("trim", [True, False])
+def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_path, monkeypatch, trim):
+    """``Config.trim_heap``: after a step's episodes are generated, the heap is trimmed before the first training
+    forward (generation's freed KV caches would otherwise stay resident under it), and again after every
+    micro-batch; off, nothing is trimmed. A real one-step GRPO run on the tiny model; the spy calls the real
+    ``malloc_trim``."""
+    import numpy as np
+    import torch
+
+    import toolgym.resources
+    import trainers.memory
+    import trainers.rollout_func as rf
+    from toolgym.envs.calculator import generate_task
+    from toolgym.models import load_tokenizer, tiny_random_model
+    from trainers.grpo import Config, build_trainer
+
+    events: list[str] = []
+
+    def spy() -> bool:
+        events.append("trim")
+        return toolgym.resources.trim_heap()
+
+    monkeypatch.setattr(rf, "trim_heap", spy)
+    monkeypatch.setattr(trainers.memory, "trim_heap", spy)
+    torch.manual_seed(0)
+    tok = load_tokenizer()
+    model = tiny_random_model(tok)
+    model.register_forward_pre_hook(lambda *a: events.append("train" if torch.is_grad_enabled() else "generate"))
+    tasks = [generate_task(np.random.default_rng(5)) for _ in range(2)]
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+               num_generations=2, max_completion_length=16, max_steps=1, logging_steps=1, report_to=[],
+               use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True, temperature=1.0)
+    trainer, rollout = build_trainer(Config(max_turn_tokens=8, save_model=False, trim_heap=trim, trl=trl),
+                                     model=model, tokenizer=tok, tasks=tasks)
+    try:
+        assert rollout.trim_heap is trim
+        assert any(isinstance(c, trainers.memory.TrimHeapCallback) for c in trainer.callback_handler.callbacks) is trim
+        trainer.train()
+    finally:
+        rollout.close()
+    first_train = events.index("train")
+    assert "generate" in events[:first_train]
+    if not trim:
+        assert "trim" not in events
+        return
+    last_gen = max(i for i, e in enumerate(events[:first_train]) if e == "generate")
+    assert "trim" in events[last_gen:first_train]  # between the generation and the first training forward
+    trains = [i for i, e in enumerate(events) if e == "train"]
+    assert len(trains) == 2  # two micro-batches (gradient accumulation), trimmed after each
+    assert "trim" in events[trains[0]:trains[1]] and "trim" in events[trains[1]:]
+
+
+def test_a_cpu_policy_trims_the_heap_after_each_batch_with_the_same_tokens(monkeypatch):
+    """``TransformersPolicy(trim_heap=None)`` trims after each ``max_batch_size`` batch when the model is on the
+    CPU; the tokens are those of a policy that does not trim."""
+    import torch
+
+    import toolgym.resources
+    import toolgym.rollout.policies as policies
+    from toolgym.models import load_tokenizer, tiny_random_model
+    from toolgym.rollout import GenerationRequest, TransformersPolicy
+
+    calls: list[int] = []
+    monkeypatch.setattr(policies, "trim_heap", lambda: calls.append(1) or toolgym.resources.trim_heap())
+    tok = load_tokenizer()
+    model = tiny_random_model(tok)
+    reqs = [GenerationRequest(prompt_ids=list(tok(f"{i} + {i} =")["input_ids"]), max_new_tokens=6) for i in range(5)]
+    on = TransformersPolicy(model, tok, do_sample=False, max_batch_size=2)
+    off = TransformersPolicy(model, tok, do_sample=False, max_batch_size=2, trim_heap=False)
+    assert on.trim_heap is True and off.trim_heap is False
+    with torch.no_grad():
+        a = on.generate(reqs)
+        assert len(calls) == 3  # batches of 2, 2 and 1
+        b = off.generate(reqs)
+    assert len(calls) == 3
+    assert [g.token_ids for g in a] == [g.token_ids for g in b] and all(len(g.token_ids) for g in a)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_grpo_generation_runs_on_a_reserved_cache_with_the_same_tokens(tmp_path, monkeypatch, bf16):
+    """TRL's transformers ``generate()`` inside :class:`trainers.rollout_func.TRLPolicy` gets a key/value cache
+    allocated before the prefill (:func:`toolgym.rollout.kvcache.reserved_cache`); sampled with the same seed, the
+    tokens are those of transformers' own cache; the model's ``generate`` is its class's again afterwards."""
+    import contextlib
+
+    import numpy as np
+    import torch
+
+    import trainers.rollout_func as rf
+    from toolgym.envs.calculator import generate_task
+    from toolgym.models import load_tokenizer, tiny_random_model
+    from toolgym.rollout import GenerationRequest
+    from trainers.grpo import Config, build_trainer
+
+    torch.manual_seed(0)
+    tok = load_tokenizer()
+    model = tiny_random_model(tok)
+    tasks = [generate_task(np.random.default_rng(7)) for _ in range(2)]
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=24,
+               max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
+               disable_tqdm=True, bf16=bf16, temperature=1.0, gradient_checkpointing=True)
+    trainer, rollout = build_trainer(Config(max_turn_tokens=12, save_model=False, trl=trl), model=model,
+                                     tokenizer=tok, tasks=tasks)
+    caches: list[str] = []
+    real_generate = type(model).generate
+
+    def spy(self, *args, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        caches.append(type(cache.layers[0]).__name__ if cache is not None else "none")
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "generate", spy)
+    try:
+        trainer.model.train()
+        texts = [f"{a} * {a + 1} = ?" for a in range(3)]
+        reqs = [GenerationRequest(prompt_ids=list(tok(t)["input_ids"]), max_new_tokens=12) for t in texts]
+        policy = rf.TRLPolicy(trainer)
+        torch.manual_seed(11)
+        ours = policy.generate(reqs)
+        assert caches == ["ReservedLayer"] and "generate" not in vars(model)
+        monkeypatch.setattr(rf, "_reserved_generation_cache", lambda trainer: contextlib.nullcontext())
+        torch.manual_seed(11)
+        theirs = policy.generate(reqs)
+        assert caches == ["ReservedLayer", "none"]
+        assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
+        assert sum(len(g.token_ids) for g in ours) > 3 * 2
+    finally:
+        rollout.close()
+
+
+def test_the_lm_head_scores_only_the_completion_positions_on_a_cpu(tmp_path, monkeypatch):
+    """Inside the trainer's loss, TRL's fused LM head gets the labelled positions only (the completion tokens of the
+    micro-batch), not every position of prompt and padding; outside it, TRL's own choice for a CPU is back."""
+    import torch
+    import trl.trainer.utils as trl_utils
+
+    from trainers.turn_grpo import scored_positions_only
+
+    decide = trl_utils._use_triton
+    assert decide(torch.device("cpu")) is False  # TRL's own choice on a CPU: score every position
+    rows: list[int] = []
+    real = trl_utils._ChunkedLogProbFunction
+
+    class Spy:
+        @staticmethod
+        def apply(hidden, *args):
+            rows.append(int(hidden.shape[0]))
+            return real.apply(hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Spy)
+    trainer, rollout, tasks = make_trainer(tmp_path, advantage="outcome")
+    try:
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        out = trainer._generate_and_score_completions(batch_inputs(tasks))
+        mb = {k: (v[:2] if isinstance(v, torch.Tensor) and v.dim() >= 1 else v) for k, v in out.items()}
+        loss = trainer._compute_loss(trainer.model, mb)
+        loss.backward()
+        assert rows == [int(mb["completion_mask"][:, : mb["completion_ids"].size(1)].ne(0).sum())]
+        assert trl_utils._use_triton is decide
+        with scored_positions_only():
+            assert trl_utils._use_triton(torch.device("cpu")) is True
+        from trl import GRPOTrainer
+
+        GRPOTrainer._compute_loss(trainer, trainer.model, mb)  # TRL's own: every position of the micro-batch
+        width = mb["prompt_ids"].size(1) + mb["completion_ids"].size(1) - 1
+        assert rows[-1] == 2 * width > rows[0]
     finally:
         rollout.close()

@@ -67,7 +67,7 @@ class DemoConfig:
     # forward/backward (weights, gradients and optimizer math stay float32); AdamW with 8-bit moments
     bf16: bool = False
     optim: str = "adamw_torch"
-    trim_heap: bool = False  # hand freed heap pages back to the OS after every training micro-batch
+    trim_heap: bool = False  # hand freed heap pages back to the OS after every training micro-batch and generation
     lora: dict[str, Any] | None = None  # GRPO trains LoRA adapters (peft.LoraConfig fields), merged in after it
     freeze_embeddings: bool = False  # train everything but the (tied) input embedding / LM head
     # warm start: masked SFT on oracle episodes ("train" split)
@@ -127,7 +127,7 @@ def _decode_completion(tok: Any, traj: Any) -> str:
 
 def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     """Run the whole demo; returns the metrics dict (also written to ``output_dir/metrics.json``)."""
-    from toolgym.resources import Phases, trim_heap
+    from toolgym.resources import Phases
 
     t_start = time.perf_counter()
     phases = Phases()
@@ -253,16 +253,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                   f"frac_reward_zero_std {row['frac_reward_zero_std']:.2f}  tool-call rate "
                   f"{row['tool_call_rate']:.2f}  errors/ep: {err_s}  ({row['step_s']:.0f} s)", flush=True)
 
-    class TrimHeap(TrainerCallback):
-        """Hand the heap's free pages back to the OS after every micro-batch and step (toolgym.resources.trim_heap):
-        the next backward's transient then starts from what is live, not from the last one's leftovers."""
-
-        def on_substep_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            trim_heap()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            trim_heap()
-
     bs = cfg.grpo_num_generations * cfg.grpo_prompts_per_step
     mb = min(bs, (cfg.grpo_micro_batch_size if cfg.grpo_micro_batch_size is not None
                   else cfg.train_micro_batch_size) or bs)
@@ -270,6 +260,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     grpo = ALGORITHMS["grpo"]
     grpo_cfg = grpo.Config(
         env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens, lora=cfg.lora,
+        trim_heap=cfg.trim_heap,  # after every generation, micro-batch and step
         trajectory_dir=str(out / "trajectories" / "grpo"), save_model=False,  # saved below, with the template
         trl=dict(
             output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
@@ -289,7 +280,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         model.gradient_checkpointing_disable()
     model.train()
     grpo.run(grpo_cfg, model=model, tokenizer=tok, tasks=grpo_tasks,
-             callbacks=[StepPrinter(), *([TrimHeap()] if cfg.trim_heap else [])])
+             callbacks=[StepPrinter()])
     model.eval()
     model.zero_grad(set_to_none=True)  # no gradients kept into the last evaluation
     metrics["grpo"] = {"steps": per_step, "wall_s": round(time.perf_counter() - t0, 1),

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.checkpoint import autocast_context
+from toolgym.resources import trim_heap
 from toolgym.rollout import Generation, GenerationRequest, RolloutDriver
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
@@ -133,6 +134,41 @@ def _without_amp_wrapper(model: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _reserved_generation_cache(trainer: Any) -> Iterator[None]:
+    """TRL's transformers ``generate()`` call gets a key/value cache allocated once, before its prefill
+    (:func:`toolgym.rollout.kvcache.reserved_cache`, as :class:`toolgym.rollout.TransformersPolicy` has), instead of
+    transformers' cache that grows by ``torch.cat`` in between the prefill's transients and leaves the heap
+    fragmented under the training step that follows. The tokens are the same (bit-identical attention inputs; the
+    probe forward draws no random numbers). vLLM, continuous batching and sharded models (DeepSpeed, FSDP) are
+    left alone, as is a call that brings its own cache."""
+    model = _unwrapped_model(trainer)
+    sharded = getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)
+    if (model is None or sharded or getattr(trainer, "use_vllm", False)
+            or getattr(trainer, "use_transformers_continuous_batching", False) or "generate" in vars(model)):
+        yield
+        return
+    from toolgym.rollout.kvcache import cache_kwarg, reserved_cache
+
+    bound = model.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        ids = kwargs.get("input_ids")
+        config = kwargs.get("generation_config")
+        max_new = getattr(config, "max_new_tokens", None)
+        if ids is not None and max_new and not {"cache", "past_key_values"} & set(kwargs):
+            cache = reserved_cache(model, int(ids.shape[0]), int(ids.shape[1]) + int(max_new))
+            if cache is not None:
+                kwargs[cache_kwarg()] = cache
+        return bound(*args, **kwargs)
+
+    model.generate = generate
+    try:
+        yield
+    finally:
+        del model.generate
+
+
+@contextlib.contextmanager
 def _merged_adapters(trainer: Any) -> Iterator[None]:
     """LoRA adapters merged into the base weights for one transformers ``generate()`` call, unmerged after it.
 
@@ -229,7 +265,7 @@ class TRLPolicy:
         for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
             self._stops.update(int(t) for t in (r.stop_ids or ()))
         with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
-              _merged_adapters(self.trainer)):
+              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())
@@ -289,6 +325,10 @@ class ToolgymRollout:
         max_completion_length: completion budget (default: ``trainer.max_completion_length``).
         trajectory_dir: if set, each call appends its trajectories to ``trajectory_dir/rank{r}.jsonl``.
         schedule: ``"lockstep"`` (required on several processes) or ``"continuous"`` (one process only).
+        trim_heap: hand the C heap's free pages back to the OS after each call's episodes are generated
+            (:func:`toolgym.resources.trim_heap`): generation's freed KV caches and activations otherwise stay
+            resident and the training forward that follows grows on top of them (measured in ``make demo``: the
+            first backward of each step peaked ~300 MiB above the others).
 
     Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
     (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),
@@ -311,6 +351,7 @@ class ToolgymRollout:
         max_completion_length: int | None = None,
         trajectory_dir: str | Path | None = None,
         schedule: str = "lockstep",
+        trim_heap: bool = False,
     ) -> None:
         self.env_id = env_id
         self.tasks = [dict(t) for t in tasks]
@@ -321,6 +362,7 @@ class ToolgymRollout:
         self.max_completion_length = max_completion_length
         self.trajectory_dir = Path(trajectory_dir) if trajectory_dir is not None else None
         self.schedule = schedule
+        self.trim_heap = trim_heap
         self.venv: Any = None
         self.policy: TRLPolicy | None = None
         self.last_trajectories: list[Trajectory] = []
@@ -384,6 +426,8 @@ class ToolgymRollout:
         seeds = [int(getattr(trainer.args, "seed", 0)) * 1_000_003 + step * 10_007 + rank * 1009 + i
                  for i in range(len(tasks))]
         trajs = driver.run(tasks, seeds=seeds)
+        if self.trim_heap:
+            trim_heap()
         ctx = self._context_limit(trainer)
         for t in trajs:
             driver.clip(t)

@@ -26,7 +26,8 @@ and reward functions other than the env's own (the estimator reads the env's per
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from trl import GRPOTrainer
 
 from trainers.credit import check_estimator, token_advantages, turn_advantages
 
-__all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "trim_padding"]
+__all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "scored_positions_only", "trim_padding"]
 
 #: rollout extra fields the estimator reads (``trainers.rollout_func.ToolgymRollout`` returns them)
 NEEDED = ("env_turn_rewards", "env_outcome", "env_turn_spans")
@@ -107,6 +108,34 @@ def trim_padding(inputs: dict[str, Any], multiple: int = TRIM_MULTIPLE) -> dict[
         if isinstance(v, torch.Tensor) and v.dim() == 2 and v.size(1) == c_w:
             out[k] = v[:, :keep]
     return out
+
+
+@contextlib.contextmanager
+def scored_positions_only() -> Iterator[None]:
+    """TRL's fused LM head scores only the positions with a label on a CPU too, for the duration.
+
+    TRL 1.16's fused LM head (``add_fused_lm_head``, the GRPO loss's log-probabilities) projects only the labelled
+    positions (the completion tokens) through the LM head on Triton devices; on any other device it scores every
+    position of the micro-batch, prompt and padding included, "since the number of valid positions would change
+    the tile shapes on every batch and trigger a recompilation" (a concern of compiled backends such as Neuron,
+    not of a CPU's eager kernels). On a CPU the head's tiles (``tokens x 32,768`` float32 temporaries in its
+    backward) then cover 2-4x the tokens the loss reads: time, and ~0.4 GB of the demo's GRPO peak. This makes
+    TRL's choice (``trl.trainer.utils._use_triton``, read at call time) say yes on a CPU; the gather and scatter it
+    then does are plain torch ops. Each scored position's log-probability and hidden-state gradient come from the
+    same row of the same products (measured: identical losses and gradients); only a trained LM head's weight
+    gradient, which TRL accumulates in float32 over the scored rows, sums fewer (all-zero) rows, so it agrees to
+    float32 rounding. Other devices keep TRL's decision."""
+    import trl.trainer.utils as trl_utils
+
+    decide = getattr(trl_utils, "_use_triton", None)
+    if decide is None:  # another TRL: leave it alone
+        yield
+        return
+    trl_utils._use_triton = lambda device: device.type == "cpu" or decide(device)
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = decide
 
 
 def check_turn_credit_args(args: Any, advantage: str, reward_func_names: Sequence[str], gamma: float = 1.0) -> None:
@@ -216,8 +245,10 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         return output
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
-        """TRL's loss on the micro-batch without its all-padding columns (:func:`trim_padding`)."""
-        return super()._compute_loss(model, trim_padding(inputs))
+        """TRL's loss on the micro-batch without its all-padding columns (:func:`trim_padding`), its LM head
+        scoring only the completion positions (:func:`scored_positions_only`)."""
+        with scored_positions_only():
+            return super()._compute_loss(model, trim_padding(inputs))
 
     def _log_turns(self, mode: str, rewards: list[list[float]], advs: list[list[float]]) -> None:
         kmax = max((len(r) for r in rewards), default=0)

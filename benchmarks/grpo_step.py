@@ -1,0 +1,140 @@
+"""Time and peak memory of GRPO steps on a CPU: TRL's fused LM head scoring every position of a micro-batch (TRL
+1.16 on any device without Triton) vs only the completion positions (:func:`trainers.turn_grpo.scored_positions_only`,
+what ``toolgym train grpo`` does).
+
+Each setting runs in a fresh child process, alternating, ``--reps`` times: load ``--checkpoint`` (e.g. the demo's
+warm start), then ``--steps`` GRPO steps with the demo's settings (16 episodes of Calculator-v0's train split per
+step, micro-batches of 2, bfloat16 autocast, 8-bit AdamW, frozen embedding, gradient checkpointing, ``trim_heap``).
+Reports the wall time of the steps, the time inside the loss forward and the backward, the peak RSS (sampled every
+3 ms) and each step's loss (equal losses = the same function).
+
+    make demo   # or any run that saved runs/demo/warmstart
+    MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --reps 2
+
+``--json PATH`` also writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+
+def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
+
+    import toolgym  # noqa: F401  (registers the envs)
+    import trainers.turn_grpo as turn_grpo
+    from toolgym.models import load_model
+    from toolgym.resources import current_rss_mb
+    from toolgym.tasks import draw_tasks
+    from trainers import ALGORITHMS
+    from trainers.contract import prepare
+    from trainers.demo import ENV_ID, prompt_kwargs
+
+    if not compact:  # TRL's own choice on a CPU
+        turn_grpo.scored_positions_only = contextlib.nullcontext
+    prepare(threads=2)
+    model, tok = load_model(checkpoint)
+    model.get_input_embeddings().weight.requires_grad_(False)
+    grpo = ALGORITHMS["grpo"]
+    cfg = grpo.Config(
+        env_id=ENV_ID, env_kwargs={"split": "train", **prompt_kwargs(True)}, max_turn_tokens=64, save_model=False,
+        trim_heap=True,
+        trl=dict(output_dir="/tmp/toolgym-grpo-step-bench", max_steps=steps, learning_rate=3e-5,
+                 per_device_train_batch_size=2, generation_batch_size=16, gradient_accumulation_steps=8,
+                 num_generations=4, max_completion_length=160, temperature=0.5, beta=0.0, logging_steps=1,
+                 save_strategy="no", report_to=[], seed=1, use_cpu=True, bf16=True, optim="adamw_bnb_8bit",
+                 disable_tqdm=True, gradient_checkpointing=True),
+    )
+    tasks = draw_tasks(ENV_ID, 256, seed=3, split="train", env_kwargs={"tokenizer": tok})
+    trainer, rollout = grpo.build_trainer(cfg, model=model, tokenizer=tok, tasks=tasks)
+    spent = {"loss_forward": 0.0, "backward": 0.0}
+
+    def timed(obj: Any, name: str, key: str) -> None:
+        inner = getattr(obj, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - t
+
+        setattr(obj, name, call)
+
+    timed(trainer, "compute_loss", "loss_forward")
+    timed(trainer.accelerator, "backward", "backward")
+    peak = [current_rss_mb()]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], current_rss_mb())
+            time.sleep(0.003)
+
+    threading.Thread(target=sample, daemon=True).start()
+    model.train()
+    t0 = time.perf_counter()
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    wall = time.perf_counter() - t0
+    stop.set()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "reward" in h]
+    return {"compact": compact, "wall_s": round(wall, 1), "loss_forward_s": round(spent["loss_forward"], 1),
+            "backward_s": round(spent["backward"], 1), "peak_rss_mb": round(peak[0]), "losses": losses}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", default=None, help="model to start from (default: the embedded model, which "
+                                                       "never calls a tool: the loss stays 0)")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child is not None:
+        print(json.dumps(child(a.checkpoint, a.steps, a.child == "1")))
+        return
+    rows: list[dict[str, Any]] = []
+    env = {**os.environ, "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "1")}
+    for rep in range(a.reps):
+        for compact in (False, True):
+            cmd = [sys.executable, __file__, "--child", "1" if compact else "0", "--steps", str(a.steps),
+                   *(["--checkpoint", a.checkpoint] if a.checkpoint else [])]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+            row = json.loads(out.stdout.strip().splitlines()[-1])
+            row["rep"] = rep
+            rows.append(row)
+            print(f"rep {rep}  scores {'the completion ' if compact else 'every position'}  wall {row['wall_s']:6.1f} s"
+                  f"  forward {row['loss_forward_s']:5.1f} s  backward {row['backward_s']:5.1f} s  peak "
+                  f"{row['peak_rss_mb']:5d} MiB  losses {row['losses']}", flush=True)
+
+    def med(compact: bool, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["compact"] is compact)
+
+    wall = med(True, "wall_s") / med(False, "wall_s")
+    train = (med(True, "loss_forward_s") + med(True, "backward_s")) / (
+        med(False, "loss_forward_s") + med(False, "backward_s"))
+    peak = med(True, "peak_rss_mb") - med(False, "peak_rss_mb")
+    same = len({json.dumps(r["losses"]) for r in rows}) == 1
+    print(f"completion only / every position: wall x{wall:.2f}, forward+backward x{train:.2f}, peak {peak:+.0f} MiB;"
+          f" losses {'identical' if same else 'differ'}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"rows": rows, "wall_ratio": wall, "train_ratio": train, "peak_delta_mb": peak,
+                       "same_losses": same}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
