@@ -128,3 +128,43 @@ def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path:
                  "--no-progress", "--out", str(out2), "--max-new-tokens", "12"]) == 0
     first = json.loads(out2.read_text().splitlines()[0])
     assert first["prompt_ids"] != rows[first["eval"]["task_index"]]["prompt_ids"]
+
+
+def test_toolgym_eval_takes_the_checkpoints_recorded_batching_unless_given(tmp_path: Path, monkeypatch):
+    """``toolgym_run.json``'s ``eval.num_envs`` / ``eval.batch_size`` are ``toolgym eval``'s defaults (bfloat16
+    greedy near-ties can flip with the batch's composition, so the run's figure needs the run's batching); an
+    explicit ``--num-envs`` wins, and a checkpoint without them keeps 8 envs, one ``generate()`` per batch."""
+    import toolgym.envs.registration as registration
+    from toolgym.rollout import TransformersPolicy
+
+    tok = load_tokenizer()
+    ckpt = tmp_path / "ckpt"
+    tiny_random_model(tok, seed=4).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    seen: dict[str, list[int]] = {"num_envs": [], "rows": []}
+    real_make, real_batch = registration.make_vector_env, TransformersPolicy._generate_batch
+
+    def make(env_id, num_envs, *a, **kw):
+        seen["num_envs"].append(num_envs)
+        return real_make(env_id, num_envs, *a, **kw)
+
+    def batch(self, requests):
+        seen["rows"].append(len(requests))
+        return real_batch(self, requests)
+
+    monkeypatch.setattr(registration, "make_vector_env", make)
+    monkeypatch.setattr(TransformersPolicy, "_generate_batch", batch)
+    base = ["eval", ENV, "--policy", str(ckpt), "--split", "test", "--tasks", "5", "--seed", "500", "--no-progress"]
+
+    write_run_settings(ckpt, env_kwargs={}, max_turn_tokens=6, eval={"tasks": 5, "num_envs": 5, "batch_size": 2})
+    assert main(base) == 0
+    assert seen["num_envs"] == [5] and max(seen["rows"]) == 2 and seen["rows"][:3] == [2, 2, 1]
+
+    seen["num_envs"].clear(), seen["rows"].clear()
+    assert main([*base, "--num-envs", "4"]) == 0  # explicit: 4 envs, each turn's requests in one call
+    assert seen["num_envs"] == [4] and max(seen["rows"]) > 2
+
+    write_run_settings(ckpt, env_kwargs={}, max_turn_tokens=6, eval={"tasks": 5})
+    seen["num_envs"].clear(), seen["rows"].clear()
+    assert main(base) == 0
+    assert seen["num_envs"] == [8] and max(seen["rows"]) == 5

@@ -14,7 +14,12 @@ as defaults (an explicit ``--env-kwarg`` or ``--max-new-tokens`` wins). File lay
      "env_kwargs": {"system_prompt": "...", "chat_template": "..."},   # JSON-serialisable env kwargs
      "max_turn_tokens": 64,                              # tokens per assistant turn
      "autocast": "bfloat16",                             # generation under torch.autocast in this dtype, or null
-     "eval": {"split": "test", "tasks": 100, "seed": 10000}}          # how the run evaluated it (informational)
+     "eval": {"split": "test", "tasks": 100, "seed": 10000,          # how the run evaluated it (informational)
+              "num_envs": 100, "batch_size": 50}}                     # its batching: toolgym eval's defaults
+
+``toolgym eval`` also takes the recorded batching as its defaults (``--num-envs``, and rows per ``generate()``
+call) when ``--num-envs`` is not given: greedy decoding in bfloat16 can flip near-ties with the batch's
+composition, so the same batching reproduces the run's figure to the episode.
 """
 
 from __future__ import annotations

@@ -270,7 +270,8 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
         model, tok = load_model(path)
     autocast = getattr(args, "autocast", None)
     policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True,
-                                autocast=None if autocast in (None, "none") else autocast)
+                                autocast=None if autocast in (None, "none") else autocast,
+                                max_batch_size=getattr(args, "max_batch_size", None))
     return policy, tok
 
 

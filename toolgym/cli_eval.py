@@ -71,7 +71,9 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
                    "from --seed), or a .jsonl task file")
     s.add_argument("--seed", type=int, default=0, help="task-selection seed; episode i is reset with seed + i")
     s.add_argument("-k", "--samples", dest="k", type=int, default=1, help="samples per task (pass@k, mean@k)")
-    s.add_argument("--num-envs", type=int, default=8, help="parallel episodes")
+    s.add_argument("--num-envs", type=int, default=None,
+                   help="parallel episodes (default: what the checkpoint's toolgym_run.json records the run "
+                        "evaluated with, else 8)")
     s.add_argument("--out", default=None, help="stream trajectories to this JSONL file as episodes finish "
                    "(replaced only once the first episode is done; an interrupted run keeps finished episodes)")
     s.add_argument("--json", action="store_true",
@@ -100,7 +102,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     env_id = resolve_env_id(args.env)
     env_kwargs = parse_env_kwargs(args.env_kwarg or [])
-    apply_run_settings(args, env_kwargs)  # a checkpoint's own prompt and turn budget, unless given here
+    settings = apply_run_settings(args, env_kwargs)  # a checkpoint's own prompt and turn budget, unless given here
+    if args.num_envs is None:
+        # the run's own batching too: in bfloat16 greedy near-ties can flip with the batch's composition (padding)
+        recorded = (settings or {}).get("eval") or {}
+        args.num_envs = int(recorded.get("num_envs") or 8)
+        if recorded.get("num_envs") and recorded.get("batch_size"):
+            args.max_batch_size = int(recorded["batch_size"])
     for flag, value in (("-k", args.k), ("--max-new-tokens", args.max_new_tokens), ("--num-envs", args.num_envs)):
         if value < 1:
             raise CLIError(f"{flag} must be >= 1, got {value}", ExitCode.USAGE)

@@ -184,7 +184,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         return s, wins, trajs
 
     run_settings = {"env_id": ENV_ID, "env_kwargs": pk, "max_turn_tokens": cfg.max_turn_tokens, "autocast": autocast,
-                    "eval": {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed}}  # toolgym_run.json
+                    "eval": {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed,  # toolgym_run.json
+                             "num_envs": len(eval_tasks), "batch_size": cfg.eval_batch_size or len(eval_tasks)}}
     metrics: dict[str, Any] = {
         "env_id": ENV_ID, "eval_split": "test", "eval_task_ids": [t["id"] for t in eval_tasks],
         "eval_seeds": eval_seeds, "prompt": {"compact": bool(pk), "system_prompt": pk.get("system_prompt"),
