@@ -6,7 +6,7 @@ Each setting runs in a fresh child process, alternating, ``--reps`` times: load 
 warm start), then ``--steps`` GRPO steps with the demo's settings (16 episodes of Calculator-v0's train split per
 step, micro-batches of 2, bfloat16 autocast, 8-bit AdamW, frozen embedding, gradient checkpointing, ``trim_heap``).
 Reports the wall time of the steps, the time inside the loss forward and the backward, the peak RSS (sampled every
-3 ms) and each step's loss (equal losses = the same function).
+5 ms by :class:`toolgym.resources.Phases`) and each step's loss (equal losses = the same function).
 
     make demo   # or any run that saved runs/demo/warmstart
     MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --reps 2
@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -33,7 +32,7 @@ def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
     import toolgym  # noqa: F401  (registers the envs)
     import trainers.turn_grpo as turn_grpo
     from toolgym.models import load_model
-    from toolgym.resources import current_rss_mb
+    from toolgym.resources import Phases
     from toolgym.tasks import draw_tasks
     from trainers import ALGORITHMS
     from trainers.contract import prepare
@@ -72,26 +71,18 @@ def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
 
     timed(trainer, "compute_loss", "loss_forward")
     timed(trainer.accelerator, "backward", "backward")
-    peak = [current_rss_mb()]
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], current_rss_mb())
-            time.sleep(0.003)
-
-    threading.Thread(target=sample, daemon=True).start()
+    phases = Phases()  # the steps' wall time and their peak RSS (sampled every 5 ms)
     model.train()
-    t0 = time.perf_counter()
     try:
-        trainer.train()
+        with phases("grpo"):
+            trainer.train()
     finally:
         rollout.close()
-    wall = time.perf_counter() - t0
-    stop.set()
+    grpo = phases.to_dict()["phases"]["grpo"]
+    wall, peak = grpo["wall_s"], grpo["peak_rss_mb"]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "reward" in h]
     return {"compact": compact, "wall_s": round(wall, 1), "loss_forward_s": round(spent["loss_forward"], 1),
-            "backward_s": round(spent["backward"], 1), "peak_rss_mb": round(peak[0]), "losses": losses}
+            "backward_s": round(spent["backward"], 1), "peak_rss_mb": round(peak), "losses": losses}
 
 
 def main() -> None:

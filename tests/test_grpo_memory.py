@@ -32,6 +32,29 @@ def _loss_and_grads(trainer, loss_fn, inputs):
     return float(loss), grads
 
 
+def _tiny_grpo(tmp_path, *, task_seed: int, max_turn_tokens: int, trim_heap: bool = False, **trl_fields):
+    """A GRPO trainer from :func:`trainers.grpo.build_trainer` on a tiny random model, 2 Calculator-v0 tasks, groups
+    of 2, one step; ``trl_fields`` override the GRPOConfig fields. Returns ``(trainer, rollout, model, tok)``."""
+    import numpy as np
+    import torch
+
+    from toolgym.envs.calculator import generate_task
+    from toolgym.models import load_tokenizer, tiny_random_model
+    from trainers.grpo import Config, build_trainer
+
+    torch.manual_seed(0)
+    tok = load_tokenizer()
+    model = tiny_random_model(tok)
+    tasks = [generate_task(np.random.default_rng(task_seed)) for _ in range(2)]
+    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=16,
+               max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
+               disable_tqdm=True, temperature=1.0) | trl_fields
+    trainer, rollout = build_trainer(
+        Config(max_turn_tokens=max_turn_tokens, save_model=False, trim_heap=trim_heap, trl=trl),
+        model=model, tokenizer=tok, tasks=tasks)
+    return trainer, rollout, model, tok
+
+
 @pytest.mark.parametrize("advantage", ["outcome", "turn_return"])
 def test_a_micro_batch_trains_on_its_own_width_with_the_same_loss_and_gradients(tmp_path, advantage):
     import torch
@@ -116,24 +139,13 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
     after it."""
     import contextlib
 
-    import numpy as np
     import torch
 
     import trainers.rollout_func as rf
-    from toolgym.envs.calculator import generate_task
-    from toolgym.models import load_tokenizer, tiny_random_model
     from toolgym.rollout import GenerationRequest
-    from trainers.grpo import Config, build_trainer, no_autocast_weight_cache
+    from trainers.grpo import no_autocast_weight_cache
 
-    torch.manual_seed(0)
-    tok = load_tokenizer()
-    model = tiny_random_model(tok)
-    tasks = [generate_task(np.random.default_rng(3)) for _ in range(2)]
-    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=16,
-               max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
-               disable_tqdm=True, bf16=True, temperature=1.0)
-    trainer, rollout = build_trainer(Config(max_turn_tokens=8, save_model=False, trl=trl), model=model,
-                                     tokenizer=tok, tasks=tasks)
+    trainer, rollout, model, tok = _tiny_grpo(tmp_path, task_seed=3, max_turn_tokens=8, bf16=True)
     try:
         acc = trainer.accelerator
         assert acc.native_amp and acc.autocast_handler.cache_enabled is False
@@ -181,15 +193,11 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
     forward (generation's freed KV caches would otherwise stay resident under it), and again after every
     micro-batch; off, nothing is trimmed. A real one-step GRPO run on the tiny model; the spy calls the real
     ``malloc_trim``."""
-    import numpy as np
     import torch
 
     import toolgym.resources
     import trainers.memory
     import trainers.rollout_func as rf
-    from toolgym.envs.calculator import generate_task
-    from toolgym.models import load_tokenizer, tiny_random_model
-    from trainers.grpo import Config, build_trainer
 
     events: list[str] = []
 
@@ -199,16 +207,9 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
 
     monkeypatch.setattr(rf, "trim_heap", spy)
     monkeypatch.setattr(trainers.memory, "trim_heap", spy)
-    torch.manual_seed(0)
-    tok = load_tokenizer()
-    model = tiny_random_model(tok)
+    trainer, rollout, model, _ = _tiny_grpo(tmp_path, task_seed=5, max_turn_tokens=8, trim_heap=trim,
+                                            gradient_accumulation_steps=2)
     model.register_forward_pre_hook(lambda *a: events.append("train" if torch.is_grad_enabled() else "generate"))
-    tasks = [generate_task(np.random.default_rng(5)) for _ in range(2)]
-    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-               num_generations=2, max_completion_length=16, max_steps=1, logging_steps=1, report_to=[],
-               use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True, temperature=1.0)
-    trainer, rollout = build_trainer(Config(max_turn_tokens=8, save_model=False, trim_heap=trim, trl=trl),
-                                     model=model, tokenizer=tok, tasks=tasks)
     try:
         assert rollout.trim_heap is trim
         assert any(isinstance(c, trainers.memory.TrimHeapCallback) for c in trainer.callback_handler.callbacks) is trim
@@ -260,24 +261,13 @@ def test_grpo_generation_runs_on_a_reserved_cache_with_the_same_tokens(tmp_path,
     tokens are those of transformers' own cache; the model's ``generate`` is its class's again afterwards."""
     import contextlib
 
-    import numpy as np
     import torch
 
     import trainers.rollout_func as rf
-    from toolgym.envs.calculator import generate_task
-    from toolgym.models import load_tokenizer, tiny_random_model
     from toolgym.rollout import GenerationRequest
-    from trainers.grpo import Config, build_trainer
 
-    torch.manual_seed(0)
-    tok = load_tokenizer()
-    model = tiny_random_model(tok)
-    tasks = [generate_task(np.random.default_rng(7)) for _ in range(2)]
-    trl = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2, max_completion_length=24,
-               max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
-               disable_tqdm=True, bf16=bf16, temperature=1.0, gradient_checkpointing=True)
-    trainer, rollout = build_trainer(Config(max_turn_tokens=12, save_model=False, trl=trl), model=model,
-                                     tokenizer=tok, tasks=tasks)
+    trainer, rollout, model, tok = _tiny_grpo(tmp_path, task_seed=7, max_turn_tokens=12, bf16=bf16,
+                                              max_completion_length=24, gradient_checkpointing=True)
     caches: list[str] = []
     real_generate = type(model).generate
 

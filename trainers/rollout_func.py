@@ -95,6 +95,11 @@ def _unwrapped_model(trainer: Any) -> Any:
     return accelerator.unwrap_model(model) if model is not None and accelerator is not None else model
 
 
+def _sharded(trainer: Any) -> bool:
+    """Whether DeepSpeed or FSDP shards the trainer's weights (generation-time model changes leave those alone)."""
+    return bool(getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False))
+
+
 @contextlib.contextmanager
 def _generation_autocast(trainer: Any) -> Iterator[None]:
     """One ``torch.autocast`` context around one transformers ``generate()`` call when the trainer trains in mixed
@@ -142,8 +147,7 @@ def _reserved_generation_cache(trainer: Any) -> Iterator[None]:
     probe forward draws no random numbers). vLLM, continuous batching and sharded models (DeepSpeed, FSDP) are
     left alone, as is a call that brings its own cache."""
     model = _unwrapped_model(trainer)
-    sharded = getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)
-    if (model is None or sharded or getattr(trainer, "use_vllm", False)
+    if (model is None or _sharded(trainer) or getattr(trainer, "use_vllm", False)
             or getattr(trainer, "use_transformers_continuous_batching", False) or "generate" in vars(model)):
         yield
         return
@@ -180,8 +184,7 @@ def _merged_adapters(trainer: Any) -> Iterator[None]:
     from accelerate.utils import is_peft_model
 
     model = _unwrapped_model(trainer)
-    sharded = getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False)
-    if model is None or not is_peft_model(model) or getattr(trainer, "use_vllm", False) or sharded:
+    if model is None or not is_peft_model(model) or getattr(trainer, "use_vllm", False) or _sharded(trainer):
         yield
         return
     model.merge_adapter()
