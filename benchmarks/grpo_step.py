@@ -1,15 +1,26 @@
-"""Time and peak memory of GRPO steps on a CPU: TRL's fused LM head scoring every position of a micro-batch (TRL
-1.16 on any device without Triton) vs only the completion positions (:func:`trainers.turn_grpo.scored_positions_only`,
-what ``toolgym train grpo`` does).
+"""Time and peak memory of GRPO steps on a CPU, with one of toolgym's changes to TRL's step off and on
+(``--compare``):
 
-Each setting runs in a fresh child process, alternating, ``--reps`` times: load ``--checkpoint`` (e.g. the demo's
+* ``scored_positions`` (default): TRL's fused LM head scoring every position of a micro-batch (TRL 1.16 on any
+  device without Triton) vs only the completion positions (:func:`trainers.turn_grpo.scored_positions_only`);
+* ``zero_advantage``: every micro-batch computed vs those whose advantages are all zero left out
+  (:mod:`trainers.zero_advantage`, ``grpo.Config.skip_zero_advantage``);
+* ``sampling``: transformers' ``torch.multinomial`` vs inverse-CDF sampling (:mod:`trainers.sampling`): the same
+  distribution, other draws, so the episodes differ; compare the generation time;
+* ``frozen_cast``: the frozen (tied) embedding / LM head cast to bfloat16 at every decoding step (autocast caches
+  only weights that require grad) vs once per ``generate()`` call (:func:`toolgym.checkpoint.autocast_context`).
+
+"on" is what ``toolgym train grpo`` does. Each setting runs in a fresh child process, alternating, ``--reps``
+times: load ``--checkpoint`` (e.g. the demo's
 warm start), then ``--steps`` GRPO steps with the demo's settings (16 episodes of Calculator-v0's train split per
 step, micro-batches of 2, bfloat16 autocast, 8-bit AdamW, frozen embedding, gradient checkpointing, ``trim_heap``).
-Reports the wall time of the steps, the time inside the loss forward and the backward, the peak RSS (sampled every
-5 ms by :class:`toolgym.resources.Phases`) and each step's loss (equal losses = the same function).
+Reports the wall time of the steps, the time in generation, in the loss forward and in the backward, the peak
+RSS (sampled every 5 ms by :class:`toolgym.resources.Phases`) and each step's loss (equal losses = the same
+function).
 
     make demo   # or any run that saved runs/demo/warmstart
     MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --reps 2
+    MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --compare sampling
 
 ``--json PATH`` also writes the numbers.
 """
@@ -26,11 +37,30 @@ import sys
 import time
 from typing import Any
 
+COMPARES = ("scored_positions", "zero_advantage", "sampling", "frozen_cast")
 
-def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
+
+def _turn_off(compare: str) -> None:
+    """Put back TRL's / transformers' own behaviour for ``compare`` in this (child) process."""
+    if compare == "scored_positions":  # TRL's own choice on a CPU
+        import trainers.turn_grpo as turn_grpo
+
+        turn_grpo.scored_positions_only = contextlib.nullcontext
+    elif compare == "sampling":
+        import trainers.sampling as sampling
+
+        sampling.sampling_warpers = lambda config: None  # every call goes to transformers' multinomial
+    elif compare == "frozen_cast":
+        import toolgym.checkpoint as checkpoint
+        import trainers.rollout_func as rollout_func
+
+        own = checkpoint.autocast_context
+        rollout_func.autocast_context = lambda device_type, dtype, model=None: own(device_type, dtype)
+
+
+def child(checkpoint: str | None, steps: int, on: bool, compare: str = "scored_positions") -> dict[str, Any]:
 
     import toolgym  # noqa: F401  (registers the envs)
-    import trainers.turn_grpo as turn_grpo
     from toolgym.models import load_model
     from toolgym.resources import Phases
     from toolgym.tasks import draw_tasks
@@ -38,15 +68,15 @@ def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
     from trainers.contract import prepare
     from trainers.demo import ENV_ID, prompt_kwargs
 
-    if not compact:  # TRL's own choice on a CPU
-        turn_grpo.scored_positions_only = contextlib.nullcontext
+    if not on:
+        _turn_off(compare)
     prepare(threads=2)
     model, tok = load_model(checkpoint)
     model.get_input_embeddings().weight.requires_grad_(False)
     grpo = ALGORITHMS["grpo"]
     cfg = grpo.Config(
         env_id=ENV_ID, env_kwargs={"split": "train", **prompt_kwargs(True)}, max_turn_tokens=64, save_model=False,
-        trim_heap=True,
+        trim_heap=True, skip_zero_advantage=on or compare != "zero_advantage",
         trl=dict(output_dir="/tmp/toolgym-grpo-step-bench", max_steps=steps, learning_rate=3e-5,
                  per_device_train_batch_size=2, generation_batch_size=16, gradient_accumulation_steps=8,
                  num_generations=4, max_completion_length=160, temperature=0.5, beta=0.0, logging_steps=1,
@@ -55,7 +85,7 @@ def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
     )
     tasks = draw_tasks(ENV_ID, 256, seed=3, split="train", env_kwargs={"tokenizer": tok})
     trainer, rollout = grpo.build_trainer(cfg, model=model, tokenizer=tok, tasks=tasks)
-    spent = {"loss_forward": 0.0, "backward": 0.0}
+    spent = {"generation": 0.0, "loss_forward": 0.0, "backward": 0.0}
 
     def timed(obj: Any, name: str, key: str) -> None:
         inner = getattr(obj, name)
@@ -69,6 +99,7 @@ def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
 
         setattr(obj, name, call)
 
+    timed(trainer, "_generate_and_score_completions", "generation")
     timed(trainer, "compute_loss", "loss_forward")
     timed(trainer.accelerator, "backward", "backward")
     phases = Phases()  # the steps' wall time and their peak RSS (sampled every 5 ms)
@@ -81,8 +112,10 @@ def child(checkpoint: str | None, steps: int, compact: bool) -> dict[str, Any]:
     grpo = phases.to_dict()["phases"]["grpo"]
     wall, peak = grpo["wall_s"], grpo["peak_rss_mb"]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "reward" in h]
-    return {"compact": compact, "wall_s": round(wall, 1), "loss_forward_s": round(spent["loss_forward"], 1),
-            "backward_s": round(spent["backward"], 1), "peak_rss_mb": round(peak), "losses": losses}
+    return {"compare": compare, "on": on, "wall_s": round(wall, 1), "generation_s": round(spent["generation"], 1),
+            "loss_forward_s": round(spent["loss_forward"], 1), "backward_s": round(spent["backward"], 1),
+            "peak_rss_mb": round(peak), "losses": losses,
+            "skipped_micro_batches": int(getattr(trainer, "skipped_micro_batches", 0))}
 
 
 def main() -> None:
@@ -92,39 +125,42 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--compare", choices=COMPARES, default="scored_positions")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
-        print(json.dumps(child(a.checkpoint, a.steps, a.child == "1")))
+        print(json.dumps(child(a.checkpoint, a.steps, a.child == "1", a.compare)))
         return
     rows: list[dict[str, Any]] = []
     env = {**os.environ, "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "1")}
     for rep in range(a.reps):
-        for compact in (False, True):
-            cmd = [sys.executable, __file__, "--child", "1" if compact else "0", "--steps", str(a.steps),
-                   *(["--checkpoint", a.checkpoint] if a.checkpoint else [])]
+        for on in (False, True):
+            cmd = [sys.executable, __file__, "--child", "1" if on else "0", "--steps", str(a.steps),
+                   "--compare", a.compare, *(["--checkpoint", a.checkpoint] if a.checkpoint else [])]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["rep"] = rep
             rows.append(row)
-            print(f"rep {rep}  scores {'the completion ' if compact else 'every position'}  wall {row['wall_s']:6.1f} s"
-                  f"  forward {row['loss_forward_s']:5.1f} s  backward {row['backward_s']:5.1f} s  peak "
-                  f"{row['peak_rss_mb']:5d} MiB  losses {row['losses']}", flush=True)
+            print(f"rep {rep}  {a.compare} {'on ' if on else 'off'}  wall {row['wall_s']:6.1f} s  generation "
+                  f"{row['generation_s']:5.1f} s  forward {row['loss_forward_s']:5.1f} s  backward "
+                  f"{row['backward_s']:5.1f} s  peak {row['peak_rss_mb']:5d} MiB  skipped "
+                  f"{row['skipped_micro_batches']}  losses {row['losses']}", flush=True)
 
-    def med(compact: bool, key: str) -> float:
-        return statistics.median(r[key] for r in rows if r["compact"] is compact)
+    def med(on: bool, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["on"] is on)
 
-    wall = med(True, "wall_s") / med(False, "wall_s")
-    train = (med(True, "loss_forward_s") + med(True, "backward_s")) / (
-        med(False, "loss_forward_s") + med(False, "backward_s"))
+    def ratio(*keys: str) -> float:
+        return sum(med(True, k) for k in keys) / max(1e-9, sum(med(False, k) for k in keys))
+
+    wall, gen, train = ratio("wall_s"), ratio("generation_s"), ratio("loss_forward_s", "backward_s")
     peak = med(True, "peak_rss_mb") - med(False, "peak_rss_mb")
     same = len({json.dumps(r["losses"]) for r in rows}) == 1
-    print(f"completion only / every position: wall x{wall:.2f}, forward+backward x{train:.2f}, peak {peak:+.0f} MiB;"
-          f" losses {'identical' if same else 'differ'}")
+    print(f"{a.compare} on / off: wall x{wall:.2f}, generation x{gen:.2f}, forward+backward x{train:.2f}, peak "
+          f"{peak:+.0f} MiB; losses {'identical' if same else 'differ'}")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"rows": rows, "wall_ratio": wall, "train_ratio": train, "peak_delta_mb": peak,
-                       "same_losses": same}, fh, indent=1)
+            json.dump({"compare": a.compare, "rows": rows, "wall_ratio": wall, "generation_ratio": gen,
+                       "train_ratio": train, "peak_delta_mb": peak, "same_losses": same}, fh, indent=1)
 
 
 if __name__ == "__main__":

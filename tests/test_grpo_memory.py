@@ -32,7 +32,8 @@ def _loss_and_grads(trainer, loss_fn, inputs):
     return float(loss), grads
 
 
-def _tiny_grpo(tmp_path, *, task_seed: int, max_turn_tokens: int, trim_heap: bool = False, **trl_fields):
+def _tiny_grpo(tmp_path, *, task_seed: int, max_turn_tokens: int, trim_heap: bool = False,
+               skip_zero_advantage: bool = True, **trl_fields):
     """A GRPO trainer from :func:`trainers.grpo.build_trainer` on a tiny random model, 2 Calculator-v0 tasks, groups
     of 2, one step; ``trl_fields`` override the GRPOConfig fields. Returns ``(trainer, rollout, model, tok)``."""
     import numpy as np
@@ -50,7 +51,8 @@ def _tiny_grpo(tmp_path, *, task_seed: int, max_turn_tokens: int, trim_heap: boo
                max_steps=1, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no", seed=0,
                disable_tqdm=True, temperature=1.0) | trl_fields
     trainer, rollout = build_trainer(
-        Config(max_turn_tokens=max_turn_tokens, save_model=False, trim_heap=trim_heap, trl=trl),
+        Config(max_turn_tokens=max_turn_tokens, save_model=False, trim_heap=trim_heap,
+               skip_zero_advantage=skip_zero_advantage, trl=trl),
         model=model, tokenizer=tok, tasks=tasks)
     return trainer, rollout, model, tok
 
@@ -207,8 +209,10 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
 
     monkeypatch.setattr(rf, "trim_heap", spy)
     monkeypatch.setattr(trainers.memory, "trim_heap", spy)
+    # the random model earns no reward: every micro-batch would be skipped (trainers.zero_advantage) without
+    # skip_zero_advantage=False, and this test needs their forwards
     trainer, rollout, model, _ = _tiny_grpo(tmp_path, task_seed=5, max_turn_tokens=8, trim_heap=trim,
-                                            gradient_accumulation_steps=2)
+                                            skip_zero_advantage=False, gradient_accumulation_steps=2)
     model.register_forward_pre_hook(lambda *a: events.append("train" if torch.is_grad_enabled() else "generate"))
     try:
         assert rollout.trim_heap is trim
@@ -285,7 +289,7 @@ def test_grpo_generation_runs_on_a_reserved_cache_with_the_same_tokens(tmp_path,
         torch.manual_seed(11)
         ours = policy.generate(reqs)
         assert caches == ["ReservedLayer"] and "generate" not in vars(model)
-        monkeypatch.setattr(rf, "_reserved_generation_cache", lambda trainer: contextlib.nullcontext())
+        monkeypatch.setattr(rf, "_reserved_generation_cache", lambda trainer, *a: contextlib.nullcontext())
         torch.manual_seed(11)
         theirs = policy.generate(reqs)
         assert caches == ["ReservedLayer", "none"]

@@ -85,3 +85,41 @@ def test_reserved_cache_on_the_embedded_model_under_bfloat16(tok):
     theirs = _generate(model, tok, reqs, reserve=False, autocast="bfloat16")
     assert [g.token_ids for g in ours] == [g.token_ids for g in theirs]
     assert [g.logprobs for g in ours] == [g.logprobs for g in theirs]
+
+
+def _head_casts(model, tok, *, frozen: bool, autocast: str = "bfloat16") -> tuple[int, list[list[int]]]:
+    """How many times the LM head's weight is cast during a greedy generation of 8 tokens, and the tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    head = model.get_output_embeddings().weight
+    head.requires_grad_(not frozen)
+    reqs = _requests(tok, max_new=8)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = _generate(model, tok, reqs, reserve=True, autocast=autocast)
+    shape = [list(head.shape)]
+    casts = sum(e.count for e in prof.key_averages(group_by_input_shape=True)
+                if e.key == "aten::_to_copy" and e.input_shapes[:1] == shape)
+    head.requires_grad_(True)
+    return casts, [g.token_ids for g in out]
+
+
+def test_frozen_weights_are_cast_once_per_generation_under_autocast(tok):
+    """A frozen LM head (the demo freezes the tied embedding) was cast to bfloat16 again at every decoding step:
+    autocast caches only weights that require grad. TransformersPolicy now caches it once per call, with the same
+    tokens; the flag is restored afterwards."""
+    model = tiny_random_model(tok, seed=1).eval()
+    trained_casts, trained_tokens = _head_casts(model, tok, frozen=False)
+    frozen_casts, frozen_tokens = _head_casts(model, tok, frozen=True)
+    assert trained_casts == 1  # the cache: one cast for the probe, prefill and every step
+    assert frozen_casts == 1, f"the frozen head was cast {frozen_casts} times in one generate() call"
+    assert frozen_tokens == trained_tokens
+    # under grad, the model's flags are left alone (training must not get gradients for frozen weights)
+    from toolgym.checkpoint import autocast_context
+
+    head = model.get_output_embeddings().weight
+    head.requires_grad_(False)
+    with torch.no_grad(), autocast_context("cpu", "bfloat16", model):
+        assert head.requires_grad
+    assert not head.requires_grad
+    with autocast_context("cpu", "bfloat16", model):
+        assert not head.requires_grad

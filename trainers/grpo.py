@@ -60,6 +60,10 @@ class Config:
                                  "generation and each training micro-batch: a lower peak RSS on CPU, where "
                                  "generation's freed memory otherwise stays resident through the first "
                                  "backward; costs page faults (milliseconds per step)")
+    skip_zero_advantage: bool = opt(True, "leave out the forward and backward of micro-batches whose advantages "
+                                          "are all zero, where their gradient is exactly zero (one process, beta 0, "
+                                          "no entropy bonus; trainers/zero_advantage.py): GRPO groups that all "
+                                          "failed or all succeeded cost no training compute")
     trl: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
                 "...); a trl.GRPOConfig object is accepted too", "trl_config": "GRPOConfig"})
@@ -138,7 +142,7 @@ def build_trainer(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
         train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
-        advantage=config.advantage, gamma=config.gamma,
+        advantage=config.advantage, gamma=config.gamma, skip_zero_advantage=config.skip_zero_advantage,
         **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
     )
     add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)

@@ -35,10 +35,11 @@ import numpy as np
 
 from toolgym.checkpoint import autocast_context
 from toolgym.resources import trim_heap
-from toolgym.rollout import Generation, GenerationRequest, RolloutDriver
+from toolgym.rollout import Generation, GenerationRequest, RolloutDriver, TurnCache
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
 from trainers.credit import anchor_key
+from trainers.sampling import inverse_cdf_sampling
 
 __all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "guard_empty_completions", "make_dataset", "prompt_key"]
 
@@ -111,14 +112,21 @@ def _generation_autocast(trainer: Any) -> Iterator[None]:
     call casts them once. The call also runs the forward Accelerate wrapped (:func:`_without_amp_wrapper`): that
     wrapper's context has its weight cache off (:func:`trainers.grpo.no_autocast_weight_cache`), and an inner
     context with the cache off turns it off for the outer one too. The numbers are the same: the same ops in the
-    same dtypes (``generate`` reads the logits as float32 either way)."""
+    same dtypes (``generate`` reads the logits as float32 either way). Frozen weights (a frozen tied embedding / LM
+    head) are cast once per call too (:func:`toolgym.checkpoint.autocast_context` with the model)."""
     args = getattr(trainer, "args", None)
     dtype = "bfloat16" if getattr(args, "bf16", False) else "float16" if getattr(args, "fp16", False) else None
     if dtype is None or getattr(trainer, "use_vllm", False):
         yield
         return
     device = getattr(getattr(trainer, "accelerator", None), "device", None)
-    with autocast_context(getattr(device, "type", "cpu"), dtype), _without_amp_wrapper(_unwrapped_model(trainer)):
+    model = _unwrapped_model(trainer)
+    import torch
+
+    # under no_grad (as TRL's generate runs anyway), so that frozen weights join the weight cache
+    # (toolgym.checkpoint.autocast_context); sharded parameters are left as they are
+    with (torch.no_grad(), autocast_context(getattr(device, "type", "cpu"), dtype, None if _sharded(trainer) else model),
+          _without_amp_wrapper(model)):
         yield
 
 
@@ -139,37 +147,71 @@ def _without_amp_wrapper(model: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _reserved_generation_cache(trainer: Any) -> Iterator[None]:
+def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
+                               stop_ids: Sequence[int] = ()) -> Iterator[None]:
     """TRL's transformers ``generate()`` call gets a key/value cache allocated once, before its prefill
     (:func:`toolgym.rollout.kvcache.reserved_cache`, as :class:`toolgym.rollout.TransformersPolicy` has), instead of
     transformers' cache that grows by ``torch.cat`` in between the prefill's transients and leaves the heap
     fragmented under the training step that follows. The tokens are the same (bit-identical attention inputs; the
     probe forward draws no random numbers). vLLM, continuous batching and sharded models (DeepSpeed, FSDP) are
-    left alone, as is a call that brings its own cache."""
+    left alone, as is a call that brings its own cache.
+
+    ``turns``: the episodes' kept keys and values (:class:`toolgym.rollout.turn_cache.TurnCache`): a later turn
+    prefills only the tokens the env appended, and every call's rows are kept for the next turn (rows' sampled
+    tokens end at the first of ``stop_ids``). TRL gets its prompt back in front of the completion, as without."""
     model = _unwrapped_model(trainer)
     if (model is None or _sharded(trainer) or getattr(trainer, "use_vllm", False)
             or getattr(trainer, "use_transformers_continuous_batching", False) or "generate" in vars(model)):
         yield
         return
+    import torch
+    from transformers import DynamicCache
+
     from toolgym.rollout.kvcache import cache_kwarg, reserved_cache
 
     bound = model.generate
 
     def generate(*args: Any, **kwargs: Any) -> Any:
-        ids = kwargs.get("input_ids")
+        ids, attn = kwargs.get("input_ids"), kwargs.get("attention_mask")
         config = kwargs.get("generation_config")
         max_new = getattr(config, "max_new_tokens", None)
-        if ids is not None and max_new and not {"cache", "past_key_values"} & set(kwargs):
-            cache = reserved_cache(model, int(ids.shape[0]), int(ids.shape[1]) + int(max_new))
-            if cache is not None:
-                kwargs[cache_kwarg()] = cache
-        return bound(*args, **kwargs)
+        if ids is None or not max_new or {"cache", "past_key_values"} & set(kwargs):
+            return bound(*args, **kwargs)
+        call = None
+        if turns is not None and attn is not None and not getattr(config, "return_dict_in_generate", False):
+            call = turns.prepare(model, ids, attn, int(getattr(config, "pad_token_id", None) or 0))
+        if call is not None:
+            kwargs["input_ids"], kwargs["attention_mask"] = call.input_ids, call.attention_mask
+        width = int(kwargs["input_ids"].shape[1])
+        cache = reserved_cache(model, int(ids.shape[0]), width + int(max_new))
+        if cache is None and call is None:
+            return bound(*args, **kwargs)
+        if cache is None:
+            cache = DynamicCache(config=model.config)
+        if call is not None:
+            call.fill(cache)
+        kwargs[cache_kwarg()] = cache
+        out = bound(*args, **kwargs)
+        if turns is None or attn is None or not isinstance(out, torch.Tensor):
+            return out
+        turns.keep(model, cache, kwargs["input_ids"], kwargs["attention_mask"], out, stop_ids)
+        return out if call is None else torch.cat([ids, out[:, width:]], dim=1)
 
     model.generate = generate
     try:
         yield
     finally:
         del model.generate
+
+
+def _cpu_sampling(trainer: Any) -> contextlib.AbstractContextManager[Any]:
+    """TRL's transformers ``generate()`` samples by inverse CDF on a CPU (:func:`trainers.sampling.inverse_cdf_sampling`:
+    the same distribution without ``torch.multinomial``'s exponential variate per vocabulary entry). vLLM,
+    continuous batching and sharded models are left alone."""
+    model = _unwrapped_model(trainer)
+    plain = (model is None or _sharded(trainer) or getattr(trainer, "use_vllm", False)
+             or getattr(trainer, "use_transformers_continuous_batching", False))
+    return contextlib.nullcontext() if plain else inverse_cdf_sampling(model)
 
 
 @contextlib.contextmanager
@@ -213,6 +255,8 @@ class TRLPolicy:
         self._filler: list[int] | None = None
         self._stops: set[int] = set()
         self._pool: Any = None
+        #: each episode's keys and values between its turns (transformers generation; cleared when the weights change)
+        self.turns = TurnCache()
 
     @property
     def world_size(self) -> int:
@@ -267,8 +311,10 @@ class TRLPolicy:
             prompts += [self._filler] * (count - len(prompts))
         for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
             self._stops.update(int(t) for t in (r.stop_ids or ()))
+        ends = self._stops | {int(t) for t in (getattr(self.trainer, "eos_token_ids", ()) or ())}
         with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
-              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer)):
+              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer, self.turns, sorted(ends)),
+              _cpu_sampling(self.trainer)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())
@@ -428,7 +474,12 @@ class ToolgymRollout:
         rank = int(trainer.accelerator.process_index)
         seeds = [int(getattr(trainer.args, "seed", 0)) * 1_000_003 + step * 10_007 + rank * 1009 + i
                  for i in range(len(tasks))]
-        trajs = driver.run(tasks, seeds=seeds)
+        try:
+            trajs = driver.run(tasks, seeds=seeds)
+        finally:
+            turns = getattr(policy, "turns", None)
+            if turns is not None:  # the episodes are over: their keys and values are not kept into training
+                turns.clear()
         if self.trim_heap:
             trim_heap()
         ctx = self._context_limit(trainer)

@@ -35,6 +35,7 @@ import torch
 from trl import GRPOTrainer
 
 from trainers.credit import check_estimator, token_advantages, turn_advantages
+from trainers.zero_advantage import PARTITION_INVARIANT, all_zero, ensure_zero_grads, regroup, skippable
 
 __all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "scored_positions_only", "trim_padding"]
 
@@ -177,11 +178,17 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         advantage: one of :data:`trainers.credit.ESTIMATORS` (default ``outcome``: TRL's own advantages).
         gamma: per-turn discount of ``turn_return`` / ``gigpo`` returns, ``(0, 1]``.
         gigpo_omega: weight of GiGPO's step-level advantage.
+        skip_zero_advantage: leave out the forward and backward of micro-batches whose advantages are all zero,
+            where their gradient is exactly zero (:mod:`trainers.zero_advantage`; one process only).
     """
 
     def __init__(self, *args: Any, advantage: str = "outcome", gamma: float = 1.0, gigpo_omega: float = 1.0,
-                 **kwargs: Any) -> None:
+                 skip_zero_advantage: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: leave out micro-batches whose advantages are all zero where that is exact (:mod:`trainers.zero_advantage`)
+        self.skip_zero_advantage = bool(skip_zero_advantage) and skippable(self)
+        #: how many micro-batches were left out so far
+        self.skipped_micro_batches = 0
         check_turn_credit_args(self.args, advantage, self.reward_func_names, gamma)
         self.advantage = advantage
         self.gamma = float(gamma)
@@ -244,9 +251,28 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
             rf.write_pending(mine)
         return output
 
+    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+        """TRL's, then, on a freshly generated batch, its zero-advantage rows moved into the last micro-batches
+        (:func:`trainers.zero_advantage.regroup`; the step's gradient is the same sum) when they may be skipped."""
+        spg = int(getattr(self.args, "steps_per_generation", 1) or 1)
+        fresh = self.model.training and (self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None)
+        inputs = super()._prepare_inputs(generation_batch)
+        if fresh and self.skip_zero_advantage and self.loss_type in PARTITION_INVARIANT:
+            regrouped = regroup(self._buffered_inputs)
+            if regrouped is not None:
+                self._buffered_inputs = regrouped
+                inputs = regrouped[self._step % spg]
+        return inputs
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """TRL's loss on the micro-batch without its all-padding columns (:func:`trim_padding`), its LM head
-        scoring only the completion positions (:func:`scored_positions_only`)."""
+        scoring only the completion positions (:func:`scored_positions_only`). A micro-batch whose advantages are
+        all zero is not computed when its gradient is exactly zero (:mod:`trainers.zero_advantage`): a zero loss,
+        and zero gradients for trainable parameters that have none yet."""
+        if self.skip_zero_advantage and model.training and all_zero(inputs):
+            ensure_zero_grads(model)
+            self.skipped_micro_batches += 1
+            return torch.zeros((), device=self.accelerator.device, requires_grad=True)
         with scored_positions_only():
             return super()._compute_loss(model, trim_padding(inputs))
 

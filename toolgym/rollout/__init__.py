@@ -5,7 +5,8 @@
   :data:`LogprobsMode`);
 * :mod:`toolgym.rollout.policies`: :class:`TransformersPolicy`, :class:`OpenAIPolicy`, :class:`ScriptedPolicy`;
 * :mod:`toolgym.rollout.driver`: :class:`RolloutDriver` (lock-step and continuous schedules);
-* :mod:`toolgym.rollout.padding`: :func:`left_pad`, shared with ``toolgym serve model``.
+* :mod:`toolgym.rollout.padding`: :func:`left_pad`, shared with ``toolgym serve model``;
+* :mod:`toolgym.rollout.turn_cache`: :class:`TurnCache`, an episode's keys and values kept between its turns.
 
 ``read_trajectories``, ``write_trajectories`` and ``summarize`` are :mod:`toolgym.trajectory`'s (the one place that
 owns trajectory files), re-exported here for existing imports.
@@ -16,6 +17,7 @@ This package never imports ``trainers/``, TRL or vLLM; torch and transformers ar
 from toolgym.rollout.driver import RolloutDriver, Schedule, attach_logprobs
 from toolgym.rollout.padding import left_pad
 from toolgym.rollout.policies import OpenAIPolicy, ScriptedPolicy, TransformersPolicy
+from toolgym.rollout.turn_cache import TurnCache
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
     LOGPROBS_MODES,
@@ -43,6 +45,7 @@ __all__ = [
     "Schedule",
     "ScriptedPolicy",
     "TransformersPolicy",
+    "TurnCache",
     "attach_logprobs",
     "flatten_logprobs",
     "left_pad",

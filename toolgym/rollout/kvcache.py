@@ -116,12 +116,19 @@ def reserved_cache(model: Any, batch: int, length: int) -> Any | None:
     layers = []
     for p in probe_layers:
         k, v = p.keys, p.values
+        # autocast lowers float32 only (a float64 model keeps float64 keys under it)
         layers.append(reserved(
-            k.new_empty(batch, k.shape[1], length, k.shape[-1], dtype=dtype or k.dtype),
-            v.new_empty(batch, v.shape[1], length, v.shape[-1], dtype=dtype or v.dtype),
+            k.new_empty(batch, k.shape[1], length, k.shape[-1], dtype=_under(dtype, k.dtype)),
+            v.new_empty(batch, v.shape[1], length, v.shape[-1], dtype=_under(dtype, v.dtype)),
         ))
     cache.layers = layers
     return cache
+
+
+def _under(autocast_dtype: Any, dtype: Any) -> Any:
+    import torch
+
+    return autocast_dtype if autocast_dtype is not None and dtype == torch.float32 else dtype
 
 
 def cache_kwarg() -> str:

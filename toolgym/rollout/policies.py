@@ -25,6 +25,7 @@ from toolgym.checkpoint import autocast_context, check_autocast
 from toolgym.resources import trim_heap
 from toolgym.rollout.kvcache import cache_kwarg, reserved_cache
 from toolgym.rollout.padding import left_pad
+from toolgym.rollout.turn_cache import TurnCache
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
     EpisodeState,
@@ -71,6 +72,9 @@ class TransformersPolicy:
             :func:`toolgym.resources.trim_heap`): a batch's freed KV cache and prefill activations otherwise stay
             resident, and the next batch (or a training step) grows on top of them. Milliseconds per batch; the
             tokens do not change. ``None`` (default): on when the model's weights are on the CPU.
+        turn_cache_mb: keep each row's keys and values, up to this many MiB in all, so that an episode's next turn
+            prefills only what the env appended (:class:`toolgym.rollout.turn_cache.TurnCache`; a batch runs on kept
+            rows only when all of its rows have one). ``0``: prefill every turn's whole prompt.
     """
 
     concurrent = False
@@ -91,9 +95,11 @@ class TransformersPolicy:
         autocast: str | None = None,
         reserve_cache: bool = True,
         trim_heap: bool | None = None,
+        turn_cache_mb: float = 192,
     ) -> None:
         self.model = model
         self.reserve_cache = reserve_cache
+        self.turn_cache = TurnCache(int(turn_cache_mb * 2**20)) if turn_cache_mb > 0 else None
         if trim_heap is None:
             param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
             trim_heap = param is not None and param.device.type == "cpu"
@@ -130,12 +136,23 @@ class TransformersPolicy:
             return []
         with self._lock:
             step = self.max_batch_size or len(requests)
-            out: list[Generation] = []
-            for k in range(0, len(requests), step):
-                out.extend(self._generate_batch(requests[k : k + step]))
+            groups = [list(range(len(requests)))]
+            if self.turn_cache is not None and len(requests) > step:
+                # rows that continue a kept row are batched together, and first: their batches run on kept keys and
+                # values before the other rows' new ones push them out of the cache
+                # (whole batches only: a part batch of them would be one more call, for less than its prefill)
+                hits = [i for i in groups[0] if self.turn_cache.extends_a_kept_row(requests[i].prompt_ids)]
+                hits = hits[: len(hits) // step * step]
+                chosen = set(hits)
+                groups = [hits, [i for i in groups[0] if i not in chosen]]
+            chunks = [g[k : k + step] for g in groups for k in range(0, len(g), step)]
+            out: list[Generation | None] = [None] * len(requests)
+            for chunk in chunks:
+                for i, g in zip(chunk, self._generate_batch([requests[i] for i in chunk]), strict=True):
+                    out[i] = g
                 if self.trim_heap:
                     trim_heap()
-            return out
+            return out  # type: ignore[return-value]
 
     def _generate_batch(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         import torch
@@ -144,6 +161,10 @@ class TransformersPolicy:
         self.calls += 1
         device = next(self.model.parameters()).device
         ids, attn = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        # a later turn of the same episodes: only the new tokens are prefilled, over the rows' kept keys and values
+        call = self.turn_cache.prepare(self.model, ids, attn, self.pad_token_id) if self.turn_cache is not None else None
+        if call is not None:
+            ids, attn = call.input_ids, call.attention_mask
         width = ids.shape[1]
         raw = self.logprobs_mode == "raw_logprobs"
         stop_ids = sorted({s for r in requests for s in r.stop_ids})
@@ -175,14 +196,24 @@ class TransformersPolicy:
         try:
             # autocast is per thread: entered here, in the thread that generates, around the whole call (its weight
             # cache then lasts for every decoding step)
-            with torch.no_grad(), autocast_context(device.type, self.autocast):
+            with torch.no_grad(), autocast_context(device.type, self.autocast, self.model):
                 extra: dict[str, Any] = {"logits_processor": [sampler]} if sampler is not None else {}
                 cache = reserved_cache(self.model, ids.shape[0], width + max_new) if self.reserve_cache else None
+                if call is not None:
+                    if cache is None:
+                        from transformers import DynamicCache
+
+                        cache = DynamicCache(config=self.model.config)
+                    call.fill(cache)
                 if cache is not None:
                     extra[cache_kwarg()] = cache
                 out = self.model.generate(
                     input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config, **extra,
                 )
+                if self.turn_cache is not None:
+                    self.turn_cache.keep(self.model, cache if cache is not None else getattr(out, "past_key_values", None),
+                                         ids, attn, out.sequences, stop_ids or [self.pad_token_id])
+                    del cache
         finally:
             if was_training:
                 self.model.train()
