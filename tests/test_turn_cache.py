@@ -125,23 +125,51 @@ def test_kept_rows_are_dropped_when_the_weights_change_in_place(smol):
 
 
 def test_the_cache_keeps_at_most_max_bytes():
+    from transformers import DynamicCache
+
+    def layer_cache():  # one full-attention layer: (rows, kv heads, width 2 + 3 sampled - 1 fed, head dim)
+        c = DynamicCache()
+        c.update(torch.zeros(2, 2, 4, 8), torch.zeros(2, 2, 4, 8), 0)
+        return c
+
     cache = TurnCache(max_bytes=1100)  # a row below: 2 x (2 heads x 4 positions x 8 dims) float32 = 512 bytes
-    k = torch.zeros(2, 2, 4, 8)  # (rows, kv heads, width 2 + 3 sampled - 1 fed, head dim)
-
-    class Layer:
-        keys = values = k
-
-    class Cache:
-        layers = [Layer()]
-
     model = torch.nn.Linear(2, 2)
     ids = torch.tensor([[1, 2], [3, 4]])
     seqs = torch.tensor([[1, 2, 5, 6, 9], [3, 4, 7, 8, 9]])
-    cache.keep(model, Cache(), ids, torch.ones_like(ids), seqs, stop_ids=[9])
+    cache.keep(model, layer_cache(), ids, torch.ones_like(ids), seqs, stop_ids=[9])
     assert len(cache) == 2 and cache.nbytes == 1024
     assert cache.extends_a_kept_row([1, 2, 5, 6, 9, 0]) and cache.extends_a_kept_row([3, 4, 7, 8, 1])
     assert not cache.extends_a_kept_row([1, 2, 5, 6])  # no new token
     seqs2 = torch.tensor([[5, 5, 1, 1, 1], [6, 6, 2, 2, 2]])
-    cache.keep(model, Cache(), torch.tensor([[5, 5], [6, 6]]), torch.ones_like(ids), seqs2, stop_ids=[9])
+    cache.keep(model, layer_cache(), torch.tensor([[5, 5], [6, 6]]), torch.ones_like(ids), seqs2, stop_ids=[9])
     assert len(cache) == 2 and cache.nbytes == 1024  # the oldest went first
     assert not cache.extends_a_kept_row([1, 2, 5, 6, 9, 0]) and cache.extends_a_kept_row([5, 5, 1, 1, 3])
+
+
+def test_without_a_reserved_cache_the_second_turn_still_runs_on_kept_rows(smol):
+    """``reserve_cache=False``: the call runs on a ``DynamicCache`` the policy passes in, so its rows can be kept."""
+    model, tok = smol
+    stop = []
+    ref_first, ref_second = _two_turns(model, tok, _policy(model, tok, kept=False, reserve_cache=False), stop)
+    policy = _policy(model, tok, kept=True, reserve_cache=False)
+    first, second = _two_turns(model, tok, policy, stop)
+    assert policy.turn_cache.hits == 1
+    assert [g.token_ids for g in second] == [g.token_ids for g in ref_second]
+
+
+def test_a_sliding_window_model_keeps_nothing():
+    """A sliding-window layer holds only its last positions: no row of it is kept, and generation is unchanged."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from toolgym.models import load_tokenizer
+
+    tok = load_tokenizer()
+    model = MistralForCausalLM(MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             sliding_window=28)).eval()  # past the prompts, not the turns
+    for reserve in (True, False):
+        ref = _two_turns(model, tok, _policy(model, tok, kept=False, reserve_cache=reserve), [])
+        policy = _policy(model, tok, kept=True, reserve_cache=reserve)
+        out = _two_turns(model, tok, policy, [])
+        assert len(policy.turn_cache) == 0 and policy.turn_cache.hits == 0
+        assert [[g.token_ids for g in turn] for turn in out] == [[g.token_ids for g in turn] for turn in ref]

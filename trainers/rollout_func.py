@@ -165,9 +165,9 @@ def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
         yield
         return
     import torch
-    from transformers import DynamicCache
 
-    from toolgym.rollout.kvcache import cache_kwarg, reserved_cache
+    from toolgym.rollout.kvcache import cache_kwarg
+    from toolgym.rollout.turn_cache import generation_cache
 
     bound = model.generate
 
@@ -183,13 +183,9 @@ def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
         if call is not None:
             kwargs["input_ids"], kwargs["attention_mask"] = call.input_ids, call.attention_mask
         width = int(kwargs["input_ids"].shape[1])
-        cache = reserved_cache(model, int(ids.shape[0]), width + int(max_new))
-        if cache is None and call is None:
-            return bound(*args, **kwargs)
+        cache = generation_cache(model, int(ids.shape[0]), width + int(max_new), call, keep=turns is not None)
         if cache is None:
-            cache = DynamicCache(config=model.config)
-        if call is not None:
-            call.fill(cache)
+            return bound(*args, **kwargs)
         kwargs[cache_kwarg()] = cache
         out = bound(*args, **kwargs)
         if turns is None or attn is None or not isinstance(out, torch.Tensor):

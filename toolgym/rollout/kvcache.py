@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["cache_kwarg", "reserved_cache"]
+__all__ = ["cache_kwarg", "full_attention", "reserved_cache"]
 
 
 @functools.cache
@@ -96,7 +96,7 @@ def reserved_cache(model: Any, batch: int, length: int) -> Any | None:
     ``DynamicLayer`` s. Call it where ``generate()`` will run: inside the same ``torch.autocast`` / ``no_grad``
     context (its probe forward fills the autocast weight cache and reads the dtypes from there)."""
     import torch
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from transformers.cache_utils import DynamicCache
 
     try:
         device = next(model.parameters()).device
@@ -107,7 +107,7 @@ def reserved_cache(model: Any, batch: int, length: int) -> Any | None:
         return None
     if not probe_layers or len(probe_layers) != len(cache.layers):
         return None
-    if any(type(layer) is not DynamicLayer for layer in [*cache.layers, *probe_layers]):
+    if not (full_attention(cache) and full_attention(probe.past_key_values)):
         return None
     if any(p.keys is None or p.keys.dim() != 4 for p in probe_layers):
         return None
@@ -123,6 +123,15 @@ def reserved_cache(model: Any, batch: int, length: int) -> Any | None:
         ))
     cache.layers = layers
     return cache
+
+
+def full_attention(cache: Any) -> bool:
+    """Whether every layer of ``cache`` is a plain full-attention ``DynamicLayer`` (or a :func:`reserved_cache`
+    layer): keys and values for every position, in order. Sliding windows, linear attention and the like are not."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = list(getattr(cache, "layers", None) or ())
+    return bool(layers) and all(type(layer) in (DynamicLayer, _layer_class()) for layer in layers)
 
 
 def _under(autocast_dtype: Any, dtype: Any) -> Any:

@@ -23,9 +23,9 @@ import numpy as np
 
 from toolgym.checkpoint import autocast_context, check_autocast
 from toolgym.resources import trim_heap
-from toolgym.rollout.kvcache import cache_kwarg, reserved_cache
+from toolgym.rollout.kvcache import cache_kwarg
 from toolgym.rollout.padding import left_pad
-from toolgym.rollout.turn_cache import TurnCache
+from toolgym.rollout.turn_cache import TurnCache, generation_cache
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
     EpisodeState,
@@ -136,16 +136,15 @@ class TransformersPolicy:
             return []
         with self._lock:
             step = self.max_batch_size or len(requests)
-            groups = [list(range(len(requests)))]
+            first: list[int] = []
             if self.turn_cache is not None and len(requests) > step:
                 # rows that continue a kept row are batched together, and first: their batches run on kept keys and
-                # values before the other rows' new ones push them out of the cache
-                # (whole batches only: a part batch of them would be one more call, for less than its prefill)
-                hits = [i for i in groups[0] if self.turn_cache.extends_a_kept_row(requests[i].prompt_ids)]
-                hits = hits[: len(hits) // step * step]
-                chosen = set(hits)
-                groups = [hits, [i for i in groups[0] if i not in chosen]]
-            chunks = [g[k : k + step] for g in groups for k in range(0, len(g), step)]
+                # values before the other rows' new ones push them out of the cache (whole batches only: a part
+                # batch of them would be one more call, for less than its prefill)
+                first = [i for i, r in enumerate(requests) if self.turn_cache.extends_a_kept_row(r.prompt_ids)]
+                first = first[: len(first) // step * step]
+            rest = sorted(set(range(len(requests))) - set(first))
+            chunks = [g[k : k + step] for g in (first, rest) for k in range(0, len(g), step)]
             out: list[Generation | None] = [None] * len(requests)
             for chunk in chunks:
                 for i, g in zip(chunk, self._generate_batch([requests[i] for i in chunk]), strict=True):
@@ -198,22 +197,15 @@ class TransformersPolicy:
             # cache then lasts for every decoding step)
             with torch.no_grad(), autocast_context(device.type, self.autocast, self.model):
                 extra: dict[str, Any] = {"logits_processor": [sampler]} if sampler is not None else {}
-                cache = reserved_cache(self.model, ids.shape[0], width + max_new) if self.reserve_cache else None
-                if call is not None:
-                    if cache is None:
-                        from transformers import DynamicCache
-
-                        cache = DynamicCache(config=self.model.config)
-                    call.fill(cache)
+                cache = generation_cache(self.model, ids.shape[0], width + max_new, call, reserve=self.reserve_cache,
+                                         keep=self.turn_cache is not None)
                 if cache is not None:
                     extra[cache_kwarg()] = cache
                 out = self.model.generate(
                     input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config, **extra,
                 )
                 if self.turn_cache is not None:
-                    self.turn_cache.keep(self.model, cache if cache is not None else getattr(out, "past_key_values", None),
-                                         ids, attn, out.sequences, stop_ids or [self.pad_token_id])
-                    del cache
+                    self.turn_cache.keep(self.model, cache, ids, attn, out.sequences, stop_ids or [self.pad_token_id])
         finally:
             if was_training:
                 self.model.train()

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TurnCache", "TurnCall"]
+__all__ = ["TurnCache", "TurnCall", "generation_cache"]
 
 
 @dataclass
@@ -46,6 +46,25 @@ class TurnCall:
         for idx, (k, v) in enumerate(self.layers):
             cache.layers[idx].update(k, v)
         self.layers = []
+
+
+def generation_cache(model: Any, batch: int, length: int, call: TurnCall | None = None, *, reserve: bool = True,
+                     keep: bool = False) -> Any | None:
+    """The key/value cache one ``generate()`` call of ``batch`` rows and ``length`` positions runs on, with ``call``'s
+    kept keys and values written in: :func:`toolgym.rollout.kvcache.reserved_cache` when ``reserve`` and the model
+    allows it, else a ``DynamicCache`` when there are kept rows to write (``call``) or the call's rows are to be kept
+    (``keep``), else ``None`` (``generate()`` builds its own). Enter it where ``generate()`` runs (autocast,
+    ``no_grad``)."""
+    from toolgym.rollout.kvcache import reserved_cache
+
+    cache = reserved_cache(model, batch, length) if reserve else None
+    if cache is None and (call is not None or keep):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+    if call is not None:
+        call.fill(cache)
+    return cache
 
 
 class TurnCache:
@@ -93,6 +112,10 @@ class TurnCache:
             self.clear()
         self._version = version
 
+    def _lengths(self) -> list[int]:
+        """The kept rows' lengths, longest first (the longest kept prefix of a prompt wins)."""
+        return sorted({len(k) for k in self._rows}, reverse=True)
+
     def _find(self, row: Sequence[int], lengths: Sequence[int]) -> tuple[int, ...] | None:
         for n in lengths:
             if n <= len(row):
@@ -104,7 +127,7 @@ class TurnCache:
     def extends_a_kept_row(self, prompt_ids: Sequence[int]) -> bool:
         """Whether ``prompt_ids`` starts with a kept row's tokens and goes on past them (a batch of such prompts runs
         on kept keys and values)."""
-        key = self._find(list(prompt_ids), sorted({len(k) for k in self._rows}, reverse=True)) if self._rows else None
+        key = self._find(list(prompt_ids), self._lengths()) if self._rows else None
         return key is not None and len(key) < len(prompt_ids)
 
     def prepare(self, model: Any, input_ids: Any, attention_mask: Any, pad_token_id: int) -> TurnCall | None:
@@ -118,7 +141,7 @@ class TurnCache:
             return None
         mask = attention_mask.bool()
         rows = [input_ids[i][mask[i]].tolist() for i in range(input_ids.shape[0])]
-        lengths = sorted({len(k) for k in self._rows}, reverse=True)  # the longest kept prefix first
+        lengths = self._lengths()
         keys = [self._find(r, lengths) for r in rows]
         if any(k is None or len(k) >= len(r) for k, r in zip(keys, rows, strict=True)):
             self.misses += 1
@@ -160,8 +183,12 @@ class TurnCache:
         a row's sampled tokens count up to its first id of ``stop_ids``."""
         import torch
 
-        layers = getattr(cache, "layers", None)
-        if not layers or any(getattr(layer, "keys", None) is None or layer.keys.dim() != 4 for layer in layers):
+        from toolgym.rollout.kvcache import full_attention
+
+        if not full_attention(cache):  # a sliding window keeps only its last positions
+            return
+        layers = cache.layers
+        if any(getattr(layer, "keys", None) is None or layer.keys.dim() != 4 for layer in layers):
             return
         width = input_ids.shape[1]
         length = int(layers[0].keys.shape[-2])
