@@ -134,7 +134,10 @@ def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any) -> A
         logits = head(hidden[:, :-1][sel])  # (targets, V)
     else:  # pragma: no cover - models without the body/head split
         logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1][sel]
-    return F.cross_entropy(logits.float(), labels)
+    import torch
+
+    # half-precision logits are scored in float32; float32 and float64 ones as they are
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
 
 
 #: the optimizers :func:`make_optimizer` builds, by their ``transformers.TrainingArguments.optim`` names
