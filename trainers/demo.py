@@ -89,10 +89,9 @@ class DemoConfig:
 def _load(path: str | None) -> DemoConfig:
     if path is None:
         return DemoConfig()
-    import yaml
+    from trainers.runconfig import read_config
 
-    with open(path) as fh:
-        raw = yaml.safe_load(fh) or {}
+    raw = read_config(path)  # a file, or a shipped config by name (demo_cpu)
     known = {f.name for f in fields(DemoConfig)}
     unknown = set(raw) - known
     if unknown:

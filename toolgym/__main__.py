@@ -1,0 +1,5 @@
+"""``python -m toolgym``: the ``toolgym`` command."""
+
+from toolgym.cli import main
+
+raise SystemExit(main())
