@@ -149,5 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `accelerate launch -m trainers.cli ...`: the same quiet terminal as `toolgym train`
+    from toolgym.console import configure
+
+    configure()
     sys.exit(main())

@@ -358,7 +358,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output-dir", default=None)
     ap.add_argument("--grpo-steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="also show the libraries' own warnings and logs (TOOLGYM_VERBOSE=1 does the same)")
     a = ap.parse_args(argv)
+    from toolgym.console import configure
+
+    configure(a.verbose)
     cfg = _load(a.config)
     if a.output_dir:
         cfg.output_dir = a.output_dir
