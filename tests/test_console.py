@@ -16,7 +16,7 @@ from toolgym.tools.mcp import MCPToolset
 
 ROOT = Path(__file__).resolve().parent.parent
 
-NOISY_SERVER = """
+NOISY_SERVER = '''
 import sys
 from mcp.server.mcpserver import MCPServer
 
@@ -26,13 +26,13 @@ server = MCPServer("noisy")
 
 @server.tool()
 def echo(text: str) -> str:
-    \\"\\"\\"Echo a text.\\"\\"\\"
+    """Echo a text."""
     return text
 
 
 if __name__ == "__main__":
     server.run()
-"""
+'''
 
 
 def _lines(stderr: str) -> list[str]:
