@@ -210,15 +210,15 @@ def _kind(e: BaseException) -> str:
     return ToolErrorKind.EXCEPTION.value
 
 
-async def _direct(tool: Tool, args: Sequence[Mapping[str, Any]], n: int, conc: int,
-                  timeout_s: float) -> tuple[list[float], Counter[str], float]:
+async def _direct(tool: Tool, args: Sequence[Mapping[str, Any]], n: int, conc: int, timeout_s: float,
+                  start: int = 0) -> tuple[list[float], Counter[str], float]:
     sem, lat, errors = asyncio.Semaphore(conc), [], Counter[str]()
 
     async def one(i: int) -> None:
         async with sem:
             t0 = time.perf_counter()
             try:
-                await asyncio.wait_for(tool.acall(args[i % len(args)]), timeout_s)
+                await asyncio.wait_for(tool.acall(args[(start + i) % len(args)]), timeout_s)
             except Exception as e:  # a raw call's failure is counted, like the executor's classified ones
                 errors[_kind(e)] += 1
             lat.append(time.perf_counter() - t0)
@@ -228,14 +228,14 @@ async def _direct(tool: Tool, args: Sequence[Mapping[str, Any]], n: int, conc: i
     return lat, errors, time.perf_counter() - t0
 
 
-async def _through(ex: ToolExecutor, name: str, args: Sequence[Mapping[str, Any]], n: int,
-                   conc: int) -> tuple[list[float], Counter[str], float]:
+async def _through(ex: ToolExecutor, name: str, args: Sequence[Mapping[str, Any]], n: int, conc: int,
+                   start: int = 0) -> tuple[list[float], Counter[str], float]:
     sem, lat, errors = asyncio.Semaphore(conc), [], Counter[str]()
 
     async def one(i: int) -> None:
         async with sem:
             t0 = time.perf_counter()
-            r = await ex.run(ToolCall(name, dict(args[i % len(args)])))
+            r = await ex.run(ToolCall(name, dict(args[(start + i) % len(args)])))
             lat.append(time.perf_counter() - t0)
             if not r.ok:
                 errors[r.error_kind.value if r.error_kind else "exception"] += 1
@@ -247,9 +247,10 @@ async def _through(ex: ToolExecutor, name: str, args: Sequence[Mapping[str, Any]
 
 async def measure(tools: Sequence[Tool], calls: Sequence[tuple[str, Mapping[str, Any]]], *, n: int = 200,
                   concurrency: Sequence[int] = (1, 8, 32), timeout_s: float = 30.0,
-                  executor: ToolExecutor | None = None) -> list[LatencyRow]:
+                  executor: ToolExecutor | None = None, rounds: int = 4) -> list[LatencyRow]:
     """Time every tool that has calls: ``n`` raw calls and ``n`` calls through ``executor`` (a fresh one over
-    ``tools`` when ``None``; the caller closes the tools) at each concurrency, after a warm-up of a few calls.
+    ``tools`` when ``None``; the caller closes the tools) at each concurrency, after a warm-up of a few calls;
+    the two paths alternate in ``rounds`` rounds.
 
     Raises:
         ValueError: a call names no tool of ``tools``, or no tool has a call.
@@ -271,8 +272,22 @@ async def measure(tools: Sequence[Tool], calls: Sequence[tuple[str, Mapping[str,
         tool = by_name[name]
         await _direct(tool, a, min(n, 8), 2, timeout_s)  # warm-up: pools, sessions, JIT, caches
         for conc in concurrency:
-            d_lat, d_err, d_wall = await _direct(tool, a, n, conc, timeout_s)
-            e_lat, e_err, e_wall = await _through(ex, name, a, n, conc)
+            # the two paths alternate in rounds (A B B A ...): a machine whose speed drifts, or a cache that warms,
+            # favours neither
+            d_lat, e_lat, d_err, e_err, d_wall, e_wall = [], [], Counter[str](), Counter[str](), 0.0, 0.0
+            sizes = [n // rounds + (1 if i < n % rounds else 0) for i in range(rounds)]
+            done = 0  # both paths cycle through the same calls in the same order
+            for i, m in enumerate(s for s in sizes if s):
+                for path in (("direct", "executor") if i % 2 == 0 else ("executor", "direct")):
+                    if path == "direct":
+                        lat, err, wall = await _direct(tool, a, m, conc, timeout_s, done)
+                        d_lat, d_wall = d_lat + lat, d_wall + wall
+                        d_err.update(err)
+                    else:
+                        lat, err, wall = await _through(ex, name, a, m, conc, done)
+                        e_lat, e_wall = e_lat + lat, e_wall + wall
+                        e_err.update(err)
+                done += m
             rows.append(LatencyRow(tool=name, concurrency=conc, calls=n, direct=Stats.of(d_lat, d_wall, d_err),
                                    executor=Stats.of(e_lat, e_wall, e_err)))
     return rows
