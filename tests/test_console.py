@@ -45,7 +45,7 @@ def _lines(stderr: str) -> list[str]:
 def test_a_model_evaluation_prints_no_library_warnings_unless_verbose(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("TOOLGYM_VERBOSE", "TRANSFORMERS_VERBOSITY")}
     env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "toolgym", "eval", "Calculator-v0", "--policy", "embedded", "--tasks", "2",
+    cmd = [sys.executable, "-m", "toolgym.cli", "eval", "Calculator-v0", "--policy", "embedded", "--tasks", "2",
            "--max-new-tokens", "8", "--json"]
     quiet = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=500)
     assert quiet.returncode == 0, quiet.stderr[-2000:]

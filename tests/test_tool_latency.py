@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.tools.latency import load_calls, main, parse_call, percentile, tools_from_module
+from toolgym.bench import load_calls, main, parse_call, percentile, tools_from_module
 
 USER_TOOLS = '''
 import asyncio

@@ -111,13 +111,13 @@ def run_benchmark(name: str, extra: Sequence[str]) -> int:
     lines that state ratios. Returns 0, or 1 when the script fails."""
     if name == "tools" or (name == "mcp" and (any(a.split("=")[0] in ("--config", "--mcp") for a in extra)
                                                or benchmarks_dir() is None)):
-        from toolgym.tools import latency  # in the package: works from an installed wheel, on the user's tools
+        from toolgym import bench  # in the package: works from an installed wheel, on the user's tools
 
         if name == "mcp" and not any(a.split("=")[0] in ("--config", "--mcp", "-h", "--help") for a in extra):
             extra = ["--config", json.dumps({"mcpServers": {"toolgym": {
                 "command": sys.executable, "args": ["-m", "toolgym.serve.mcp", "--tools", "calculator"]}}}),
                      "--call", 'calculator={"expression": "(12345 + 6789) * 3"}', *extra]
-        return latency.main(extra, prog=f"toolgym bench {name}")
+        return bench.main(extra, prog=f"toolgym bench {name}")
     script = benchmark_script(name)
     repo = script.parent.parent
     env = dict(os.environ)

@@ -1,5 +1,0 @@
-"""``python -m toolgym``: the ``toolgym`` command."""
-
-from toolgym.cli import main
-
-raise SystemExit(main())
