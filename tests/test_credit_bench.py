@@ -11,7 +11,7 @@ pytest.importorskip("trl", reason="the benchmark trains with TRL")
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_credit_benchmark_smoke(tmp_path):
+def test_credit_benchmark_smoke(tmp_path, capsys):
     from benchmarks.credit import main
 
     assert main(["--smoke", "--model", "tiny", "--threads", "1", "--output-dir", str(tmp_path)]) == 0
@@ -21,11 +21,50 @@ def test_credit_benchmark_smoke(tmp_path):
         assert arm["steps"] == 1 and arm["tokens"] > 0 and len(arm["eval"]["wins"]) == 4
         assert arm["curve"] and arm["curve"][0]["tokens"] == arm["tokens"]
     assert "vs_outcome_pooled" in r["summary"]["turn_return"]
+    # the turn-level arm is also evaluated once it crosses 60% of its budget, on the same held-out tasks
+    assert r["arms"]["outcome/seed0"]["mid_eval"] is None
+    assert len(r["arms"]["turn_return/seed0"]["mid_eval"]["wins"]) == 4
+    assert r["summary"]["turn_return"]["final_vs_outcome_across_seeds"]["seeds"] == [0]
     assert (tmp_path / "credit.png").stat().st_size > 0
     assert main(["--report", "--output-dir", str(tmp_path)]) == 0
+    assert "Verdict: turn_return" in capsys.readouterr().out
     rows = [json.loads(x) for x in (tmp_path / "trajectories" / "turn_return_seed0" / "rank0.jsonl").read_text()
             .splitlines()]
     assert rows and all(len(x["turn_advantages"]) == len(x["turns"]) for x in rows)
     # a rerun resumes: finished arms are not trained again
     assert main(["--smoke", "--model", "tiny", "--threads", "1", "--output-dir", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["arms"] == r["arms"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_validation_run_evaluates_on_train_tasks_no_arm_trains_on(tmp_path):
+    from benchmarks.credit import main
+
+    assert main(["--smoke", "--validate", "--model", "tiny", "--threads", "1", "--output-dir", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "results.json").read_text())
+    assert r["eval_split"].startswith("validation") and set(r["arms"]) == {"outcome/seed0", "turn_return@1/seed0"}
+    assert len(r["eval_task_ids"]) == 4 and r["warmstart"]["eval"]["wins"] is not None
+
+
+def test_across_seed_statistics_and_the_verdict():
+    from benchmarks.credit import across_seeds, verdict
+
+    tasks = 50
+    base = {s: [1.0] * 20 + [0.0] * 30 for s in range(5)}  # 40% on every seed
+    better = {s: [1.0] * 35 + [0.0] * 15 for s in range(5)}  # 70% on every seed
+    same = {s: list(base[s]) for s in range(5)}
+    up = across_seeds(base, better)
+    assert up["seeds"] == [0, 1, 2, 3, 4] and up["positive"] == 5
+    assert up["mean"] == pytest.approx(0.3) and 0 < up["boot_lo"] <= 0.3 <= up["boot_hi"]
+    flat = across_seeds(base, same)
+    assert flat["mean"] == 0.0 and flat["boot_lo"] == flat["boot_hi"] == 0.0
+    # one lucky seed out of five does not make a result
+    lucky = {s: (better[s] if s == 0 else base[s]) for s in range(5)}
+    one = across_seeds(base, lucky)
+    assert one["positive"] == 1 and one["t_lo"] < 0
+    summary = {"turn_return": {"final_vs_outcome_across_seeds": up, "mid_vs_outcome_final_across_seeds": flat},
+               "gigpo": {"final_vs_outcome_across_seeds": one, "mid_vs_outcome_final_across_seeds": across_seeds(
+                   base, {s: [0.0] * tasks for s in range(5)})}}
+    assert verdict(summary, "turn_return").startswith("turn_return helps across 5 seeds")
+    assert verdict(summary, "gigpo").startswith("gigpo does not help across 5 seeds")

@@ -7,6 +7,7 @@ installed copy, outside the checkout (the dependencies come from this interprete
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -84,4 +85,89 @@ def test_installed_wheel_imports_the_adapter_outside_the_checkout(wheel: Path, t
     proc = subprocess.run([str(target / "bin" / "toolgym"), "train", "grpo", "--config", "nope.yaml"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=240, env=env)
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert proc.stderr.strip() == "toolgym train grpo: error: cannot read config nope.yaml: No such file or directory"
+    assert proc.stderr.strip().startswith("toolgym train grpo: error: cannot read config nope.yaml: no such file, and "
+                                          "no shipped config of that name (shipped: ")
+    assert "grpo_calculator_cpu" in proc.stderr
+
+
+_USER_TOOLS = """
+from toolgym import ToolError, tool
+
+
+@tool
+def shout(text: str) -> str:
+    \"\"\"Upper-case a text.
+
+    Args:
+        text: what to upper-case.
+    \"\"\"
+    if text == "boom":
+        raise ToolError("cannot shout that")
+    return text.upper()
+"""
+
+_USER_MCP_SERVER = """
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("user")
+
+
+@server.tool()
+def reverse(text: str) -> str:
+    \"\"\"Reverse a text.\"\"\"
+    return text[::-1]
+
+
+if __name__ == "__main__":
+    server.run()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_installed_wheel_trains_by_config_name_and_benchmarks_the_users_tools(wheel: Path, tmp_path: Path):
+    """From a wheel installed outside the checkout: ``toolgym train grpo --config grpo_calculator_cpu`` finds the
+    shipped config by name and runs a step; ``toolgym bench tools`` times a user's ``@tool`` module and ``toolgym
+    bench mcp`` a user's MCP config (a real stdio server), each with the user's arguments."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target),
+           "OMP_NUM_THREADS": "1"}
+    toolgym = str(target / "bin" / "toolgym")
+
+    def run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([toolgym, *args], capture_output=True, text=True, cwd=work, timeout=timeout, env=env)
+
+    proc = run("train", "grpo", "--config", "grpo_calculator_cpu", "--max_steps", "1", "--output_dir", "out/grpo")
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert (work / "out" / "grpo").is_dir()
+
+    (work / "user_tools.py").write_text(_USER_TOOLS)
+    rows = work / "tools.json"
+    proc = run("bench", "tools", "--module", "user_tools.py", "--call", 'shout={"text": "hi"}',
+               "--call", 'shout={"text": "boom"}', "--calls", "20", "--concurrency", "1,4", "--json", str(rows))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(rows.read_text())
+    assert [(r["tool"], r["concurrency"], r["calls"]) for r in result] == [("shout", 1, 20), ("shout", 4, 20)]
+    for r in result:
+        assert r["executor"]["errors"] == {"exception": 10}  # every other call raises ToolError
+        assert 0 < r["executor"]["p50_ms"] <= r["executor"]["p95_ms"] <= r["executor"]["p99_ms"]
+        assert r["direct"]["calls_s"] > 0 and r["executor"]["calls_s"] > 0
+        assert r["overhead_ms"] == pytest.approx(r["executor"]["p50_ms"] - r["direct"]["p50_ms"])
+    assert "p50 ms" in proc.stdout and "overhead ms" in proc.stdout
+
+    (work / "server.py").write_text(_USER_MCP_SERVER)
+    (work / "mcp.json").write_text(json.dumps({"mcpServers": {"user": {"command": sys.executable,
+                                                                        "args": [str(work / "server.py")]}}}))
+    rows = work / "mcp_rows.json"
+    proc = run("bench", "mcp", "--config", "mcp.json", "--call", 'reverse={"text": "abc"}', "--calls", "10",
+               "--concurrency", "1,4", "--json", str(rows))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(rows.read_text())
+    assert {r["tool"] for r in result} == {"reverse"} and all(r["executor"]["errors"] == {} for r in result)
+    # a call naming no tool of the server is a usage error that names the server's tools
+    proc = run("bench", "mcp", "--config", "mcp.json", "--call", 'nope={}', "--calls", "2")
+    assert proc.returncode == 2 and "reverse" in proc.stderr

@@ -161,18 +161,17 @@ def test_masked_sft_micro_batches_take_the_same_step(tok):
         eps.append({"prompt_ids": rng.integers(10, 5000, 7).tolist(), "completion_ids": completion,
                     "loss_mask": mask})
     runs = {}
-    start = torch.cat([p.detach().flatten() for p in tiny_random_model(tok, seed=6).parameters()])
+    # float64: the claim is equality of the step, and float32 gradient accumulation rounds differently with the
+    # micro-batch split on different CPUs' kernels, which AdamW turns into visible updates on near-zero gradients
+    start = torch.cat([p.detach().flatten() for p in tiny_random_model(tok, seed=6).double().parameters()])
     for mbs in (None, 2, 1):
-        model = tiny_random_model(tok, seed=6)
+        model = tiny_random_model(tok, seed=6).double()
         losses = masked_sft(model, eps, steps=3, lr=1e-3, batch_size=5, micro_batch_size=mbs)
         runs[mbs] = (losses, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    moved = (runs[None][1] - start).abs()
     for mbs in (2, 1):
-        assert runs[mbs][0] == pytest.approx(runs[None][0], rel=1e-5)
-        # AdamW turns a rounding-level gradient difference on a near-zero gradient into a visible update: compare
-        # the parameters against the size of the step itself
-        moved = (runs[None][1] - start).abs()
-        assert (runs[mbs][1] - runs[None][1]).abs().max() < 0.05 * moved.max()
-        assert float((runs[mbs][1] - runs[None][1]).abs().mean()) < 0.01 * float(moved.mean())
+        assert runs[mbs][0] == pytest.approx(runs[None][0], rel=1e-9)
+        assert (runs[mbs][1] - runs[None][1]).abs().max() < 1e-6 * moved.max()
     assert runs[None][0][-1] < runs[None][0][0]
 
 

@@ -146,11 +146,21 @@ def test_candidate_generation_is_deterministic():
 
 
 def test_two_hop_answers_are_not_in_the_top_results_for_the_raw_question(retriever):
+    """The passages certainly in the raw question's top ``RAW_TOPK`` hold no answer. BM25 scores tie often (short
+    passages of one template), and which of the tied passages at the cut-off make the top k depends on the float
+    summation order of the backend and the CPU: a passage counts as certainly in the top k when its score is above
+    the first score past the cut-off by more than rounding."""
     two = [q for q in geo.geo_questions() if q["hops"] == 2]
-    hits = retriever.batch_search([q["question"] for q in two], geo.RAW_TOPK)
+    k = geo.RAW_TOPK
+    hits = retriever.batch_search([q["question"] for q in two], k + 8)
+    checked = 0
     for q, hs in zip(two, hits, strict=True):
-        text = " " + normalize_answer(" ".join(h.passage.title + " " + h.passage.text for h in hs)) + " "
+        cut = hs[k].score if len(hs) > k else float("-inf")
+        sure = [h for h in hs[:k] if h.score > cut + 1e-4 * max(1.0, abs(cut))]
+        checked += len(sure)
+        text = " " + normalize_answer(" ".join(h.passage.title + " " + h.passage.text for h in sure)) + " "
         assert not any(f" {normalize_answer(g)} " in text for g in q["golden_answers"]), q
+    assert checked > 2 * len(two)  # most of each top k is unambiguous
 
 
 def test_synthetic_100k_corpus_is_labelled():

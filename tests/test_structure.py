@@ -40,7 +40,7 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm"
 #: above it. Same order as the package map in docs/concepts.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
-     "toolgym.checkpoint", "toolgym.moved"),
+     "toolgym.checkpoint", "toolgym.moved", "toolgym.console"),
     ("toolgym.models",),
     ("toolgym.tools",),
     ("toolgym.trajectory",),
@@ -50,7 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.envs",),
     ("toolgym.rollout",),
     ("toolgym.evaluation",),
-    ("toolgym.serve",),
+    ("toolgym.serve", "toolgym.bench"),
     ("toolgym.report",),
     ("toolgym.cli",),
     ("trainers",),

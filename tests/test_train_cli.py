@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from toolgym.checkpoint import read_run_settings
+
 pytest.importorskip("trl", reason="toolgym train needs the [train] extra (trl)")
 
 from toolgym.cli import main as toolgym_main
@@ -161,6 +163,9 @@ def test_grpo_two_steps_of_the_tiny_model_log_toolgym_metrics_to_tensorboard(tmp
                        "--output_dir", str(out), "--report_to", "tensorboard"])
     assert rc == 0
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    # what toolgym eval needs to evaluate the checkpoint as the run ran it: the turn budget and the env
+    settings = read_run_settings(out)
+    assert settings["max_turn_tokens"] == 8 and settings["env_id"] == "toolgym/Calculator-v0"
     (run,) = glob.glob(str(out / "runs" / "*"))
     ea = EventAccumulator(run)
     ea.Reload()
@@ -189,6 +194,8 @@ def test_sft_on_oracle_episodes_trains_and_saves(tmp_path, capsys):
     kept = [json.loads(ln) for ln in (out / "sft_trajectories.jsonl").read_text().splitlines()]
     assert len(kept) == 4 and all(t["task"]["split"] == "train" and t["outcome_reward"] == 1.0 for t in kept)
     assert (out / "model.safetensors").is_file()
+    settings = read_run_settings(out)  # the turn budget is recorded; the task split is the evaluation's own choice
+    assert settings["max_turn_tokens"] == 128 and settings["env_kwargs"] == {}
 
 
 @pytest.mark.parametrize("algo,path,extra", [

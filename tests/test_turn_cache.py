@@ -60,11 +60,26 @@ def test_the_second_turn_runs_on_kept_keys_and_values_with_the_same_tokens(smol,
     assert [g.token_ids for g in first] == [g.token_ids for g in ref_first]
     assert len(first[0].token_ids) <= 3 < max(len(g.token_ids) for g in first)  # one row stopped early
     assert policy.turn_cache.hits == 1 and policy.turn_cache.saved_tokens > 0
-    assert [g.token_ids for g in second] == [g.token_ids for g in ref_second]
-    tol = 1e-4 if autocast is None else 0.2  # bfloat16: a logit of ~10 is rounded to ~0.06
-    for a, b in zip(second, ref_second, strict=True):
-        assert a.logprobs == pytest.approx(b.logprobs, abs=tol)
+    if autocast is None:  # float32: the kept keys and values are the recomputed ones to rounding
+        assert [g.token_ids for g in second] == [g.token_ids for g in ref_second]
+        for a, b in zip(second, ref_second, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    else:
+        for a, b in zip(second, ref_second, strict=True):
+            _same_until_a_near_tie(a, b, tol=0.2)  # bfloat16: a logit of ~10 is rounded to ~0.06
     assert len(policy.turn_cache) == 3  # the second turn's rows, kept for a third; the first turn's were used
+
+
+def _same_until_a_near_tie(a, b, *, tol: float) -> None:
+    """bfloat16 keys computed in a decoding step and in a prefill round differently (the kernels and their
+    accumulation order differ between CPUs): greedy decoding then agrees token for token, except where two tokens
+    were within rounding of each other. Each step's log-probability agrees to ``tol``; where the tokens part, both
+    choices had log-probabilities within ``tol`` (a near-tie), and nothing after that point is compared."""
+    for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids, strict=False)):
+        assert a.logprobs[i] == pytest.approx(b.logprobs[i], abs=tol), (i, a.token_ids, b.token_ids)
+        if x != y:
+            return
+    assert len(a.token_ids) == len(b.token_ids)
 
 
 def test_a_batch_with_a_row_that_has_no_kept_prefix_prefills_as_before(smol):

@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AUTOCAST_DTYPES", "RUN_SETTINGS_FILE", "RunSettingsError", "autocast_context", "check_autocast",
-           "read_run_settings", "write_run_settings"]
+__all__ = ["AUTOCAST_DTYPES", "RUN_SETTINGS_FILE", "TASK_SELECTION_KWARGS", "RunSettingsError", "autocast_context",
+           "check_autocast", "episode_env_kwargs", "read_run_settings", "write_run_settings"]
 
 #: The file name inside a checkpoint directory.
 RUN_SETTINGS_FILE = "toolgym_run.json"
@@ -125,6 +125,27 @@ def write_run_settings(
     tmp.write_text(text + "\n")
     tmp.replace(target)
     return target
+
+
+#: env kwargs that choose *which* tasks a run saw, not how an episode is rendered or run: an evaluation picks its
+#: own (the test split), so a checkpoint's run settings leave them out
+TASK_SELECTION_KWARGS = frozenset({"split", "tasks", "task_file", "tasks_file", "seed", "num_tasks", "test_fraction"})
+
+
+def episode_env_kwargs(env_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The part of a training run's env kwargs that an evaluation of its checkpoint must reuse: everything that
+    renders or runs an episode (system prompt, chat template, template kwargs, turn limits, ...), without the task
+    selection (:data:`TASK_SELECTION_KWARGS`) and without values that are not JSON (a tokenizer object, a tool)."""
+    out: dict[str, Any] = {}
+    for key, value in (env_kwargs or {}).items():
+        if key in TASK_SELECTION_KWARGS:
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            continue
+        out[key] = value
+    return out
 
 
 def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | None:

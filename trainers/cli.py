@@ -51,7 +51,7 @@ __all__ = ["load", "main", "usage"]
 def usage() -> str:
     """The ``toolgym train --help`` text: every algorithm with the first line of its module docstring."""
     names = ",".join(ALGORITHMS)
-    lines = [f"usage: toolgym train {{{names}}} [--config FILE.yaml] [--dry-run] [--FIELD VALUE ...]", ""]
+    lines = [f"usage: toolgym train {{{names}}} [--config FILE.yaml|NAME] [--dry-run] [--FIELD VALUE ...]", ""]
     for name in ALGORITHMS:
         lines.append(f"  {name:<13} {_summary(name)}")
     lines += ["", "--FIELD VALUE overrides any field of the config file, e.g. --max_steps 2 --learning_rate 1e-5",
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         over = parse_overrides(rest)
         config = over.pop("config", None)
         if config is True:
-            raise ConfigError("--config needs a FILE.yaml")
+            raise ConfigError("--config needs a FILE.yaml or a shipped config's name")
         cfg = load(name, config, over, check_trl=dry)
         if dry:
             print(json.dumps({"algorithm": name, "config": as_mapping(cfg)}, default=str, sort_keys=True))
@@ -149,5 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.FAILURE
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `accelerate launch -m trainers.cli ...`: the same quiet terminal as `toolgym train`
+    from toolgym.console import configure
+
+    configure()
     sys.exit(main())

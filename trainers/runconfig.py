@@ -33,6 +33,8 @@ import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from toolgym.errors import ConfigError
@@ -41,10 +43,12 @@ __all__ = [
     "SECTION",
     "as_mapping",
     "describe",
+    "find_config",
     "opt",
     "parse_overrides",
     "read_config",
     "resolve",
+    "shipped_configs_dir",
     "trl_config",
     "trl_field",
 ]
@@ -263,10 +267,40 @@ def trl_config(cls_name: str, value: Any) -> Any:
         raise ConfigError(f"invalid {cls_name}: {' '.join(str(e).split())}") from None
 
 
+def shipped_configs_dir() -> Path:
+    """The folder of configurations shipped in the ``trainers`` package (``trainers/configs/`` in a checkout, the
+    same folder inside an installed wheel)."""
+    return Path(str(resources.files("trainers") / "configs"))
+
+
+def find_config(config: str | os.PathLike[str]) -> Path:
+    """The file ``config`` names: an existing path as it is; otherwise a shipped configuration found by its name
+    (``grpo_calculator_cpu``, ``grpo_calculator_cpu.yaml``) or by its path in a checkout
+    (``trainers/configs/grpo_calculator_cpu.yaml``, so the documented commands also work from an installed wheel).
+
+    Raises:
+        ConfigError: (code 3) no such file and no shipped configuration of that name; the message lists them.
+    """
+    path = Path(config)
+    if path.is_file():
+        return path
+    shipped = shipped_configs_dir()
+    name = path.name if path.parent in (Path("."), Path("trainers/configs"), Path("trainers") / "configs") else None
+    if name is not None:
+        for cand in (shipped / name, shipped / f"{name}.yaml"):
+            if cand.is_file():
+                return cand
+    known = sorted(p.stem for p in shipped.glob("*.yaml"))
+    raise ConfigError(f"cannot read config {config}: no such file, and no shipped config of that name "
+                      f"(shipped: {', '.join(known)})", code=3)
+
+
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The YAML mapping in ``path``. Raises :class:`ConfigError` (code 3) when it cannot be read or is not one."""
+    """The YAML mapping in ``path`` (a file, or a shipped configuration's name: :func:`find_config`). Raises
+    :class:`ConfigError` (code 3) when it cannot be read or is not one."""
     import yaml
 
+    path = find_config(path)
     try:
         with open(path, encoding="utf-8") as fh:
             raw = yaml.safe_load(fh) or {}

@@ -134,7 +134,10 @@ def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any) -> A
         logits = head(hidden[:, :-1][sel])  # (targets, V)
     else:  # pragma: no cover - models without the body/head split
         logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1][sel]
-    return F.cross_entropy(logits.float(), labels)
+    import torch
+
+    # half-precision logits are scored in float32; float32 and float64 ones as they are
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
 
 
 #: the optimizers :func:`make_optimizer` builds, by their ``transformers.TrainingArguments.optim`` names
@@ -350,6 +353,15 @@ class Config:
             raise ValueError("rounds != 1 and max_generated_tokens need update: masked")
 
 
+def _record_run_settings(config: Config, out: Any, *, autocast: str | None) -> None:
+    """``toolgym_run.json`` beside the saved model: ``toolgym eval`` of it then renders and budgets its episodes
+    as this run did."""
+    from toolgym.checkpoint import episode_env_kwargs, write_run_settings
+
+    write_run_settings(out, env_id=config.env_id, env_kwargs=episode_env_kwargs(config.env_kwargs),
+                       max_turn_tokens=config.max_turn_tokens, autocast=autocast)
+
+
 def run(config: Config, *, model: Any = None, tokenizer: Any = None,
         tasks: Sequence[Mapping[str, Any]] | None = None) -> RunResult:
     """Collect ``episodes`` episodes (oracle or model), keep those above ``threshold``, fine-tune with the loss
@@ -400,6 +412,7 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     if config.save_model:
         trainer.save_model(str(out))
         tokenizer.save_pretrained(str(out))
+        _record_run_settings(config, out, autocast="bfloat16" if args.bf16 else None)
     metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
                "global_step": int(trainer.state.global_step),
                "loss": [float(h["loss"]) for h in trainer.state.log_history if "loss" in h],
@@ -466,6 +479,7 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
     if config.save_model:
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
+        _record_run_settings(config, out, autocast=None)  # masked SFT here runs without autocast
     metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
                "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}
     return _result(config, out, traj_path, metrics, f"{len(losses)} masked-SFT steps")

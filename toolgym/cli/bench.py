@@ -31,10 +31,12 @@ __all__ = [
 #: benchmark name -> (candidate script names under benchmarks/, what it measures)
 BENCHMARKS: dict[str, tuple[tuple[str, ...], str]] = {
     "vector": (("vector_step.py",), "ToolVectorEnv step vs a sequential loop vs gymnasium AsyncVectorEnv"),
-    "tools": (("tool_latency.py",), "per-call latency of each built-in tool, direct vs through the executor"),
+    "tools": ((), "tool-call latency of your @tool module, MCP config or env (or the built-in tools): p50/p95/p99, "
+                  "calls/s, errors, toolgym's overhead over the raw call"),
     "retrieval": (("retrieval.py",), "BM25 retrieval: queries/s, local vs HTTP"),
     "rollout": (("rollout.py",), "rollout throughput: TRL native tool loop vs the toolgym adapter"),
-    "mcp": (("mcp_latency.py",), "MCP call latency: stdio and streamable HTTP vs direct"),
+    "mcp": (("mcp_latency.py",), "MCP call latency: your MCP config's tools (--config), else toolgym's calculator "
+                                 "over stdio and streamable HTTP vs direct (a checkout's mcp_latency.py)"),
     "sandbox": (("sandbox.py",), "sandboxed Python executions/s: warm pool vs fresh interpreter"),
     "judge": (("judge.py",), "LLM-judge throughput against a local model server"),
 }
@@ -107,6 +109,15 @@ def ratio_lines(lines: Sequence[str]) -> list[str]:
 def run_benchmark(name: str, extra: Sequence[str]) -> int:
     """Run ``benchmarks/<script>`` with ``extra`` args in this interpreter, stream its output, then repeat the
     lines that state ratios. Returns 0, or 1 when the script fails."""
+    if name == "tools" or (name == "mcp" and (any(a.split("=")[0] in ("--config", "--mcp") for a in extra)
+                                               or benchmarks_dir() is None)):
+        from toolgym import bench  # in the package: works from an installed wheel, on the user's tools
+
+        if name == "mcp" and not any(a.split("=")[0] in ("--config", "--mcp", "-h", "--help") for a in extra):
+            extra = ["--config", json.dumps({"mcpServers": {"toolgym": {
+                "command": sys.executable, "args": ["-m", "toolgym.serve.mcp", "--tools", "calculator"]}}}),
+                     "--call", 'calculator={"expression": "(12345 + 6789) * 3"}', *extra]
+        return bench.main(extra, prog=f"toolgym bench {name}")
     script = benchmark_script(name)
     repo = script.parent.parent
     env = dict(os.environ)

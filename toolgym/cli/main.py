@@ -65,6 +65,7 @@ from toolgym.cli.common import (
 from toolgym.cli.eval import add_parser as add_eval_parser
 from toolgym.cli.eval import add_run_args, require_oracle
 from toolgym.cli.view import add_parsers as add_view_parsers
+from toolgym.console import configure as configure_output
 from toolgym.errors import OutputFileError
 
 __all__ = [
@@ -221,6 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"toolgym {__version__}")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="before the command: also show the libraries' own warnings and logs and MCP servers' stderr "
+                        "(TOOLGYM_VERBOSE=1 does the same)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     s = sub.add_parser("list", help="registered envs (toolgym's and users') with one-line descriptions")
@@ -298,6 +302,11 @@ def _dispatch(argv: list[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``toolgym`` command; returns the exit code (see :class:`ExitCode`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbosity = 0
+    while argv and argv[0] in ("-v", "--verbose"):  # before the command: bench/serve/train forward the rest
+        verbosity += 1
+        argv = argv[1:]
+    configure_output(verbosity)
     debug = os.environ.get("TOOLGYM_DEBUG", "") not in ("", "0")
     try:
         return _dispatch(argv)

@@ -35,7 +35,7 @@ from toolgym.envs.base import ToolEnv
 from toolgym.rewards.base import Reward, Score
 from toolgym.rewards.rules import exact_number, parse_exact_number
 from toolgym.tools.calculator import calculator_tool
-from toolgym.trajectory import Trajectory, Turn
+from toolgym.trajectory import Trajectory, Turn, extract_answer
 
 __all__ = ["CalculatorChainEnv", "ChainReward", "chain_progress", "generate_chain"]
 
@@ -120,13 +120,22 @@ def chain_progress(turns: Sequence[Turn], task: Mapping[str, Any]) -> int:
 
 class ChainReward(Reward):
     """Outcome: 1.0 for the exact final number. Process (per turn): ``process_weight / n_steps`` for each chain
-    value this turn's calculator results reached, in order (see the module docstring)."""
+    value this turn's calculator results reached, in order (see the module docstring).
+
+    With ``answer_step=True`` the decision to stop is a step of its own: the process weight is shared by the
+    ``n_steps`` chain values **and** the answer, ``process_weight / (n_steps + 1)`` each. The answer's share is
+    earned by a turn that makes no tool call, comes after every chain value was reached, and answers the final value
+    exactly; a turn that calls a tool (a parse error included) after every value was reached loses one share. The
+    answer's share needs the verified chain before it and the exact final number, so it cannot be had without
+    doing the task; the process rewards of an episode stay below ``process_weight``, under a right outcome (1.0).
+    """
 
     name = "chain"
     per_turn = True
 
-    def __init__(self, process_weight: float = 0.5) -> None:
+    def __init__(self, process_weight: float = 0.5, *, answer_step: bool = False) -> None:
         self.process_weight = float(process_weight)
+        self.answer_step = bool(answer_step)
 
     async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> float:
         return exact_number(trajectory.answer, task["answer"])
@@ -135,28 +144,37 @@ class ChainReward(Reward):
         values = [Fraction(v) for v in task["values"]]
         before = chain_progress(trajectory.turns[:-1], task)
         after = _advance(turn, values, before)
-        value = self.process_weight * (after - before) / len(values)
-        return Score(value, {"steps_reached": float(after - before)})
+        if not self.answer_step:
+            value = self.process_weight * (after - before) / len(values)
+            return Score(value, {"steps_reached": float(after - before)})
+        share = self.process_weight / (len(values) + 1)
+        done_before = before == len(values)
+        answered = float(done_before and not turn.calls
+                         and exact_number(extract_answer(turn.content), task["answer"]) >= 1.0)
+        extra_calls = float(done_before and bool(turn.calls))
+        value = share * ((after - before) + answered - extra_calls)
+        return Score(value, {"steps_reached": float(after - before), "answer_step": answered,
+                             "calls_after_chain": extra_calls})
 
 
 class CalculatorChainEnv(ToolEnv):
     """Dependent calculator chains with a verified per-step (process) reward. ``split`` selects train or the
     held-out test chains; ``steps`` the range of chain lengths; ``max_turns`` defaults to the longest chain + 2
-    (one turn to answer, one spare).
+    (one turn to answer, one spare); ``answer_step`` makes the answer a rewarded step (:class:`ChainReward`).
 
     Extra kwargs go to :class:`~toolgym.envs.base.ToolEnv` (tokenizer, system_prompt, chat_template, ...).
     """
 
     def __init__(
         self, split: str = "train", steps: tuple[int, int] | list[int] = (2, 4), max_turns: int | None = None,
-        max_episode_tokens: int = 1024, process_weight: float = 0.5, **kwargs: Any,
+        max_episode_tokens: int = 1024, process_weight: float = 0.5, answer_step: bool = False, **kwargs: Any,
     ) -> None:
         if split not in ("train", "test"):
             raise ValueError("split must be 'train' or 'test'")
         lo, hi = (int(steps[0]), int(steps[1]))
         self.split = split
         self.steps = (lo, hi)
-        kwargs.setdefault("reward", ChainReward(process_weight))
+        kwargs.setdefault("reward", ChainReward(process_weight, answer_step=answer_step))
         kwargs.setdefault("system_prompt", SYSTEM_PROMPT)
         super().__init__(
             lambda rng: generate_chain(rng, split, (lo, hi)),

@@ -89,10 +89,9 @@ class DemoConfig:
 def _load(path: str | None) -> DemoConfig:
     if path is None:
         return DemoConfig()
-    import yaml
+    from trainers.runconfig import read_config
 
-    with open(path) as fh:
-        raw = yaml.safe_load(fh) or {}
+    raw = read_config(path)  # a file, or a shipped config by name (demo_cpu)
     known = {f.name for f in fields(DemoConfig)}
     unknown = set(raw) - known
     if unknown:
@@ -359,7 +358,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output-dir", default=None)
     ap.add_argument("--grpo-steps", type=int, default=None)
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="also show the libraries' own warnings and logs (TOOLGYM_VERBOSE=1 does the same)")
     a = ap.parse_args(argv)
+    from toolgym.console import configure
+
+    configure(a.verbose)
     cfg = _load(a.config)
     if a.output_dir:
         cfg.output_dir = a.output_dir

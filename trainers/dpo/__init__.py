@@ -194,8 +194,12 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
                 row["loss"] = _losses(tr)
             summary["rounds"].append(row)
     if cfg.save_model:
+        from toolgym.checkpoint import episode_env_kwargs, write_run_settings
+
         model.save_pretrained(str(out))
         tokenizer.save_pretrained(str(out))
+        write_run_settings(out, env_id=cfg.env_id, env_kwargs=episode_env_kwargs(cfg.env_kwargs),
+                           max_turn_tokens=cfg.max_turn_tokens)
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     (out / "dpo_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"[dpo] done in {summary['wall_s']} s: {sum(r['pairs'] for r in summary['rounds'])} pairs, "

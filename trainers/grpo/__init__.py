@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.checkpoint import episode_env_kwargs, write_run_settings
 from trainers.contract import RunResult
 from trainers.runconfig import opt
 
@@ -192,6 +193,8 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
             merged.save_pretrained(args.output_dir)
         if trainer.accelerator.is_main_process:
             trainer.processing_class.save_pretrained(args.output_dir)
+            write_run_settings(args.output_dir, env_id=config.env_id, env_kwargs=episode_env_kwargs(config.env_kwargs),
+                               max_turn_tokens=config.max_turn_tokens, autocast="bfloat16" if args.bf16 else None)
         model_dir = str(args.output_dir)
     trainer.accelerator.end_training()  # trackers, and the process group: a rank must not exit with gloo running
     artifacts = {"trajectories": str(config.trajectory_dir)} if config.trajectory_dir else {}

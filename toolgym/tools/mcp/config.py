@@ -46,7 +46,9 @@ class MCPServerConfig:
         include, exclude: keep only / drop these tool names (server-side names).
         cacheable: whether the executor may cache this server's results (default ``False``: tools may have
             side effects).
-        stderr: where a stdio server's stderr goes: ``"inherit"``, ``"devnull"`` or a file path.
+        stderr: where a stdio server's stderr goes: ``"auto"`` (default: this process's stderr when toolgym's
+            output is verbose, ``toolgym -v`` / ``TOOLGYM_VERBOSE=1``, else nowhere; a tail is kept for error
+            messages either way), ``"inherit"``, ``"devnull"`` or a file path.
         idempotent: which tools' calls may be re-sent after the connection died mid-call: ``True`` (all),
             ``False`` (none), a list of server-side tool names, or ``None`` (default: the tools annotated
             ``readOnlyHint`` or ``idempotentHint``).
@@ -67,7 +69,7 @@ class MCPServerConfig:
     include: list[str] | None = None
     exclude: list[str] | None = None
     cacheable: bool = False
-    stderr: str = "inherit"
+    stderr: str = "auto"
     idempotent: bool | list[str] | None = None
     restart_after_timeouts: int = DEFAULT_RESTART_AFTER_TIMEOUTS
 
@@ -122,7 +124,7 @@ class MCPServerConfig:
             include=list(spec["include"]) if spec.get("include") is not None else None,
             exclude=list(spec["exclude"]) if spec.get("exclude") is not None else None,
             cacheable=bool(spec.get("cacheable", False)),
-            stderr=str(spec.get("stderr", "inherit")),
+            stderr=str(spec.get("stderr", "auto")),
             idempotent=list(idem) if isinstance(idem, list | tuple) else idem,
             restart_after_timeouts=rat,
         )

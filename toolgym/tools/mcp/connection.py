@@ -35,12 +35,16 @@ logger = logging.getLogger("toolgym.tools.mcp")
 
 class _StderrTail:
     """A stdio server's stderr, forwarded to where the config sends it (``inherit``: this process's stderr; a
-    file path; ``devnull``: nowhere) by a daemon thread that keeps the last lines for start-up error messages."""
+    file path; ``devnull``: nowhere; ``auto``: ``inherit`` when toolgym's output is verbose, else ``devnull``) by a daemon thread that keeps the last lines for start-up error messages."""
 
     def __init__(self, dest: str, lines: int = 8) -> None:
         r, w = os.pipe()
         self.writer = os.fdopen(w, "w", encoding="utf-8")  # the SDK passes it to the server as its stderr
         self.tail: deque[str] = deque(maxlen=lines)
+        if dest == "auto":  # the server's log is the user's only when they asked for verbose output
+            from toolgym.console import verbose
+
+            dest = "inherit" if verbose() else "devnull"
         self._dest = dest
         self._file = None if dest in ("inherit", "devnull") else open(dest, "a", encoding="utf-8")  # noqa: SIM115
         self._thread = threading.Thread(target=self._pump, args=(os.fdopen(r, "rb"),), daemon=True,
