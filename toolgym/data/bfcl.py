@@ -15,8 +15,8 @@ tool names back to BFCL's dotted names itself before checking (:attr:`BFCLTask.n
 original names) is the right answer for every call. docs/bfcl.md explains the choice.
 
 Splits: ``"all"`` is the whole category (the leaderboard's set); ``"train"`` / ``"test"`` split each category by a
-hash of the entry id (:func:`split_of`: about half in each, ``test`` never smaller than ``train`` by construction of
-the bucket), so a held-out claim never trains on a test entry.
+hash of the entry id (:func:`split_of`: the ``ceil(n / 2)`` ids with the smallest SHA-256 are ``test``), so a
+held-out claim never trains on a test entry.
 """
 
 from __future__ import annotations
@@ -136,10 +136,13 @@ def category_kind(category: str) -> str:
     raise ValueError(f"unknown BFCL category {category!r}; one of: {', '.join(CATEGORIES)}")
 
 
-def split_of(entry_id: str) -> str:
-    """``"test"`` or ``"train"``: ``test`` when the first byte of SHA-256(entry id) is below 128 (half the ids in
-    expectation; a fixed function of the id, so the split never changes)."""
-    return "test" if hashlib.sha256(entry_id.encode()).digest()[0] < 128 else "train"
+def split_of(entry_ids: list[str]) -> dict[str, str]:
+    """``{entry id: "test" | "train"}`` for the entries of one category: the ids ordered by SHA-256 of the id, the
+    first ``ceil(n / 2)`` in ``test`` (so ``test`` holds at least half), the rest in ``train``. A fixed function
+    of the category's ids: the split never changes for a given ``bfcl-eval`` version."""
+    order = sorted(entry_ids, key=lambda i: hashlib.sha256(i.encode()).hexdigest())
+    n_test = (len(order) + 1) // 2
+    return {i: ("test" if j < n_test else "train") for j, i in enumerate(order)}
 
 
 #: BFCL's type names -> JSON-schema types (the table of BFCL's FC handlers, ``GORILLA_TO_OPENAPI``)
@@ -191,6 +194,7 @@ def _load(category: str) -> tuple[dict[str, Any], ...]:
     entries = load_dataset_entry(category)  # what the model is shown (language hints added)
     plain = {e["id"]: e for e in load_dataset_entry(category, include_language_specific_hint=False)}  # what BFCL checks
     answers = {} if kind == "irrelevance" else {a["id"]: a["ground_truth"] for a in load_ground_truth_entry(category)}
+    splits = split_of([e["id"] for e in entries])
     rows = []
     for e in entries:
         functions = list(e.get("function") or [])
@@ -200,7 +204,7 @@ def _load(category: str) -> tuple[dict[str, Any], ...]:
             "id": e["id"],
             "category": category,
             "kind": kind,
-            "split": split_of(e["id"]),
+            "split": splits[e["id"]],
             "question": e["question"],
             "functions": list(plain[e["id"]].get("function") or []),
             "tools": [to_tool_schema(f) for f in functions],

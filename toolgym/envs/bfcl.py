@@ -12,8 +12,9 @@ rendered in the policy's own chat format like any toolgym tool; names are mapped
   (:class:`toolgym.tools.bfcl_api.APISession`); the calls of one action run in the order written and their results
   come back as tool messages; an assistant turn without a call ends the user turn and the env answers with the next
   user message. At the turn where BFCL reveals held-out functions (``multi_turn_miss_func``) the message is BFCL's
-  (the functions' docs, then "I have updated some more functions you can choose from. What about now?") and the
-  functions become callable. More than BFCL's step limit (20) of steps with calls in one user turn ends the episode
+  (the functions' docs, then "I have updated some more functions you can choose from. What about now?"). As in
+  BFCL's executor, any public method of the entry's classes runs when called (its name is checked against the
+  simulator's methods; nothing is ``eval``'d). More than BFCL's step limit (20) of steps with calls in one user turn ends the episode
   (BFCL's force-quit: the entry fails).
 
 Reward (:mod:`toolgym.rewards.bfcl`): outcome 1.0 exactly when BFCL's checker says valid; the verdict
@@ -37,10 +38,10 @@ from toolgym.tools.base import ToolErrorKind, ToolResult, error_text
 from toolgym.tools.bfcl_api import APISession, CallRejected, call_string, check_call
 from toolgym.trajectory import Trajectory, Turn
 
-__all__ = ["BUDGETS", "BFCLEnv", "STEP_LIMIT"]
+__all__ = ["BUDGETS", "STEP_LIMIT", "BFCLEnv"]
 
 #: default ``max_episode_tokens`` by category kind (a multi-turn prompt with its function docs is ~4-5k tokens)
-BUDGETS = {"ast": 4096, "irrelevance": 4096, "multi_turn": 16384}
+BUDGETS = {"ast": 8192, "irrelevance": 8192, "multi_turn": 16384}
 #: BFCL's ``MAXIMUM_STEP_LIMIT``: steps with calls allowed in one user turn
 STEP_LIMIT = 20
 #: what the oracle of an irrelevance entry answers
@@ -159,11 +160,13 @@ class BFCLEnv(ToolEnv):
         task = self.task
         if task.get("category") != self.category:
             raise ValueError(f"task {task.get('id')!r} is not a {self.category} entry")
-        self.allowed = [t["function"]["name"] for t in task["tools"]]
         if self.kind == "multi_turn":
             long = "long_context" in self.category
             self.session = APISession(task["involved_classes"], task["initial_config"], long_context=long)
             self.truth = APISession(task["involved_classes"], task["initial_config"], long_context=long)
+            # BFCL's executor runs any public method of the entry's classes (a held-out function too, before it is
+            # revealed); so does this env: the names are checked against the simulator's methods, never eval'd
+            self.allowed = sorted(self.session.methods)
         return obs, info
 
     @property
@@ -236,7 +239,6 @@ class BFCLEnv(ToolEnv):
             from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
 
             tools = [to_tool_schema(f) for f in revealed]
-            self.allowed += [t["function"]["name"] for t in tools]
             text = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=dumps_functions(tools))
             return [{"role": "user", "content": text}]
         return [dict(m) for m in question[k]]
@@ -260,7 +262,9 @@ class BFCLEnv(ToolEnv):
                 names = task["name_map"]
                 v = ast_verdict(task, [(names.get(c.name, c.name), c.arguments) for c in good],
                                 parse_failed=len(good) < len(calls))
-        v = {**v, "truncated": bool(trajectory.truncated), "category": self.category, "id": task.get("id")}
+        cut = trajectory.truncated or len(trajectory.prompt_ids) >= self.max_episode_tokens or any(
+            t.cut for t in trajectory.turns)
+        v = {**v, "truncated": bool(cut), "category": self.category, "id": task.get("id")}
         if self.kind == "multi_turn":
             v["turn_passes"] = list(self.turn_passes)
         self.verdict = v
