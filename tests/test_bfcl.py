@@ -247,3 +247,39 @@ def test_vector_env_and_info_carry_the_verdict():
         v = t.task["bfcl"]
         assert set(v) >= {"valid", "error_type", "error", "truncated", "category", "id"}
         assert json.loads(json.dumps(v)) == v
+
+
+def test_summary_columns_follow_the_leaderboards_groups():
+    from toolgym.bfcl_report import parse_categories, summary_columns
+
+    assert parse_categories("non_live,simple_python") == ["simple_python", "multiple", "parallel",
+                                                           "parallel_multiple", "irrelevance"]
+    with pytest.raises(ValueError, match="unknown BFCL category"):
+        parse_categories("simple_rust")
+    rows = {
+        "simple_python": {"n": 10, "correct": 6, "accuracy": 0.6}, "simple_java": {"n": 10, "correct": 2, "accuracy": 0.2},
+        "multiple": {"n": 10, "correct": 8, "accuracy": 0.8}, "parallel": {"n": 10, "correct": 5, "accuracy": 0.5},
+        "parallel_multiple": {"n": 10, "correct": 3, "accuracy": 0.3},
+        "live_simple": {"n": 10, "correct": 5, "accuracy": 0.5}, "live_multiple": {"n": 30, "correct": 3, "accuracy": 0.1},
+        "irrelevance": {"n": 10, "correct": 9, "accuracy": 0.9},
+    }
+    s = summary_columns(rows)
+    assert s["non_live_ast"] == pytest.approx((0.4 + 0.8 + 0.5 + 0.3) / 4)  # simple = mean(python, java)
+    assert s["live_ast"] == pytest.approx(8 / 40)  # pooled by entry
+    assert s["irrelevance"] == pytest.approx(0.9) and s["multi_turn"] is None
+
+
+def test_eval_command_prints_the_table_and_writes_every_verdict(tmp_path, capsys):
+    from toolgym.cli import main
+
+    out = tmp_path / "bfcl.json"
+    rc = main(["eval", "bfcl", "--categories", "simple_python,irrelevance,multi_turn_base", "--policy", "oracle",
+               "--tasks", "3", "--no-progress", "--max-new-tokens", "1024", "--bfcl-out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "simple_python" in text and "non_live_ast" in text and "100.0%" in text
+    data = json.loads(out.read_text())
+    assert [e["category"] for e in data["entries"]] == ["simple_python"] * 3 + ["irrelevance"] * 3 + ["multi_turn_base"] * 3
+    assert all(e["valid"] for e in data["entries"]) and data["summary"]["multi_turn"] == 1.0
+    assert {e["id"] for e in data["entries"]} <= {r["id"] for c in ("simple_python", "irrelevance", "multi_turn_base")
+                                                  for r in load_category(c, "test")}
