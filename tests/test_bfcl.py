@@ -283,3 +283,16 @@ def test_eval_command_prints_the_table_and_writes_every_verdict(tmp_path, capsys
     assert all(e["valid"] for e in data["entries"]) and data["summary"]["multi_turn"] == 1.0
     assert {e["id"] for e in data["entries"]} <= {r["id"] for c in ("simple_python", "irrelevance", "multi_turn_base")
                                                   for r in load_category(c, "test")}
+
+
+def test_a_category_mixture_scores_each_episode_as_its_own_category():
+    rows = _sample("irrelevance", 2) + _sample("parallel", 2) + _sample("multi_turn_base", 2)
+    driver = RolloutDriver(ENV, ScriptedPolicy(_oracle), max_turn_tokens=2048, num_envs=3,
+                           env_kwargs={"category": "irrelevance,parallel,multi_turn_base"})
+    try:
+        trajs = driver.run(rows, seeds=list(range(len(rows))))
+    finally:
+        driver.venv.close()
+    assert [t.task["bfcl"]["category"] for t in trajs] == [r["category"] for r in rows]
+    assert all(t.outcome_reward == 1.0 for t in trajs)
+    assert [bool(t.tool_calls) for t in trajs] == [False, False, True, True, True, True]

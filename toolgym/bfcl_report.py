@@ -28,37 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.data.bfcl import AST_CATEGORIES, CATEGORIES, IRRELEVANCE_CATEGORIES, MULTI_TURN_CATEGORIES
+from toolgym.data.bfcl import AST_CATEGORIES, GROUPS, IRRELEVANCE_CATEGORIES, MULTI_TURN_CATEGORIES, parse_categories
 
-__all__ = ["BFCLReport", "evaluate_bfcl", "parse_categories", "summary_columns"]
+__all__ = ["GROUPS", "BFCLReport", "evaluate_bfcl", "parse_categories", "summary_columns"]
 
 ENV_ID = "toolgym/BFCL-v0"
-#: category groups accepted by :func:`parse_categories`
-GROUPS: dict[str, tuple[str, ...]] = {
-    "all": CATEGORIES,
-    "single_turn": (*AST_CATEGORIES, *IRRELEVANCE_CATEGORIES),
-    "non_live": ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"),
-    "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance"),
-    "multi_turn": MULTI_TURN_CATEGORIES,
-}
-
-
-def parse_categories(spec: str | Sequence[str]) -> list[str]:
-    """Category names from a comma-separated list (or a sequence) of names and groups (:data:`GROUPS`), in order,
-    without repeats. ``ValueError`` names an unknown one."""
-    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    out: list[str] = []
-    for s in items:
-        names = GROUPS.get(s, (s,))
-        for n in names:
-            if n not in CATEGORIES:
-                raise ValueError(f"unknown BFCL category {n!r}; categories: {', '.join(CATEGORIES)}; groups: "
-                                 f"{', '.join(GROUPS)}")
-            if n not in out:
-                out.append(n)
-    if not out:
-        raise ValueError("no BFCL category given")
-    return out
 
 
 @dataclass

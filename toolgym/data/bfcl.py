@@ -27,18 +27,20 @@ import hashlib
 import json
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "AST_CATEGORIES",
     "CATEGORIES",
+    "GROUPS",
     "IRRELEVANCE_CATEGORIES",
     "MULTI_TURN_CATEGORIES",
     "BFCLUnavailable",
     "category_kind",
     "install_model_config_standin",
     "load_category",
+    "parse_categories",
     "require_bfcl",
     "split_of",
     "to_tool_schema",
@@ -59,6 +61,33 @@ MULTI_TURN_CATEGORIES: tuple[str, ...] = (
 #: every category toolgym/BFCL-v0 serves (``web_search`` and ``memory`` are left out: they need the network or a
 #: downloaded embedding model)
 CATEGORIES: tuple[str, ...] = (*AST_CATEGORIES, *IRRELEVANCE_CATEGORIES, *MULTI_TURN_CATEGORIES)
+
+#: category groups accepted by :func:`parse_categories`
+GROUPS: dict[str, tuple[str, ...]] = {
+    "all": CATEGORIES,
+    "single_turn": (*AST_CATEGORIES, *IRRELEVANCE_CATEGORIES),
+    "non_live": ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"),
+    "live": ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple", "live_irrelevance"),
+    "multi_turn": MULTI_TURN_CATEGORIES,
+}
+
+
+def parse_categories(spec: str | Sequence[str]) -> list[str]:
+    """Category names from a comma-separated list (or a sequence) of names and groups (:data:`GROUPS`), in order,
+    without repeats. ``ValueError`` names an unknown one."""
+    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    out: list[str] = []
+    for s in items:
+        names = GROUPS.get(s, (s,))
+        for n in names:
+            if n not in CATEGORIES:
+                category_kind(n)  # raises: not served (web_search, memory) or unknown
+            if n not in out:
+                out.append(n)
+    if not out:
+        raise ValueError("no BFCL category given")
+    return out
+
 
 #: the model name toolgym passes to BFCL's checkers (the stand-in mapping answers for any name)
 CHECKER_MODEL = "toolgym"
@@ -133,7 +162,8 @@ def category_kind(category: str) -> str:
     if category in ("web_search", "memory") or category.startswith(("web_search", "memory")):
         raise ValueError(f"BFCL category {category!r} is not served: it needs the network or a downloaded "
                          "embedding model (docs/bfcl.md)")
-    raise ValueError(f"unknown BFCL category {category!r}; one of: {', '.join(CATEGORIES)}")
+    raise ValueError(f"unknown BFCL category {category!r}; one of: {', '.join(CATEGORIES)}; groups: "
+                     f"{', '.join(GROUPS)}")
 
 
 def split_of(entry_ids: list[str]) -> dict[str, str]:

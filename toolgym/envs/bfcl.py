@@ -25,12 +25,19 @@ earns ``1 / (number of such turns)`` when BFCL's state and response checks pass 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from toolgym.data.bfcl import category_kind, dumps_functions, load_category, to_tool_schema
+from toolgym.data.bfcl import (
+    CATEGORIES,
+    category_kind,
+    dumps_functions,
+    load_category,
+    parse_categories,
+    to_tool_schema,
+)
 from toolgym.envs.base import ToolEnv
 from toolgym.rewards.base import Reward, Score
 from toolgym.rewards.bfcl import ast_verdict, irrelevance_verdict, multi_turn_verdict, turn_verdict
@@ -91,7 +98,7 @@ class _Verdict(Reward):
 
     def __init__(self, env: BFCLEnv) -> None:
         self.env = env
-        self.per_turn = env.kind == "multi_turn"
+        self.per_turn = "multi_turn" in env.kinds
 
     async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
         v = self.env.finish_verdict(trajectory)
@@ -108,26 +115,33 @@ class BFCLEnv(ToolEnv):
     """One BFCL category as an env.
 
     Args:
-        category: a category of :data:`toolgym.data.bfcl.CATEGORIES`.
+        category: a category of :data:`toolgym.data.bfcl.CATEGORIES`, or several (a comma-separated string or a
+            list of names and groups of :data:`toolgym.data.bfcl.GROUPS`, e.g. ``"single_turn"``): a training
+            mixture whose episodes draw from all of them (each episode is scored as its entry's category).
         split: ``"all"`` (the leaderboard's set), ``"train"`` or ``"test"`` (by a hash of the entry id).
         max_episode_tokens: token budget (default :data:`BUDGETS` of the category's kind).
         step_limit: steps with calls allowed per user turn (BFCL's 20).
         **kwargs: :class:`~toolgym.envs.base.ToolEnv` options (tokenizer, parser, ...).
     """
 
-    def __init__(self, category: str = "simple_python", split: str = "all", max_episode_tokens: int | None = None,
-                 step_limit: int = STEP_LIMIT, **kwargs: Any) -> None:
-        self.kind = category_kind(category)
-        self.category, self.split, self.step_limit = category, split, int(step_limit)
-        rows = load_category(category, split)
+    def __init__(self, category: str | Sequence[str] = "simple_python", split: str = "all",
+                 max_episode_tokens: int | None = None, step_limit: int = STEP_LIMIT, **kwargs: Any) -> None:
+        names = [category] if isinstance(category, str) and "," not in category and category in CATEGORIES else (
+            parse_categories(category))
+        self.categories = list(names)
+        self.kinds = {category_kind(c) for c in names}
+        self.category = names[0]  # the current episode's category (set at each reset)
+        self.kind = category_kind(self.category)
+        self.split, self.step_limit = split, int(step_limit)
+        rows = [r for c in names for r in load_category(c, split)]
         if not rows:
             raise ValueError(f"BFCL category {category!r} has no entries in split {split!r}")
         n_user_turns = max(len(r["question"]) for r in rows)
-        max_turns = 1 if self.kind != "multi_turn" else n_user_turns * (self.step_limit + 1) + 1
+        max_turns = 1 if "multi_turn" not in self.kinds else n_user_turns * (self.step_limit + 1) + 1
         kwargs.pop("reward", None)
         kwargs.setdefault("max_obs_tokens", 1024)
         super().__init__(rows, (), reward=_Verdict(self), max_turns=kwargs.pop("max_turns", max_turns),
-                         max_episode_tokens=max_episode_tokens or BUDGETS[self.kind], **kwargs)
+                         max_episode_tokens=max_episode_tokens or max(BUDGETS[k] for k in self.kinds), **kwargs)
         self._reset_episode()
 
     # -- episode state -----------------------------------------------------------------------------
@@ -158,8 +172,9 @@ class BFCLEnv(ToolEnv):
         self._reset_episode()
         obs, info = super().reset(seed=seed, options=options)
         task = self.task
-        if task.get("category") != self.category:
-            raise ValueError(f"task {task.get('id')!r} is not a {self.category} entry")
+        if task.get("category") not in self.categories:
+            raise ValueError(f"task {task.get('id')!r} is not an entry of {', '.join(self.categories)}")
+        self.category, self.kind = task["category"], task["kind"]
         if self.kind == "multi_turn":
             long = "long_context" in self.category
             self.session = APISession(task["involved_classes"], task["initial_config"], long_context=long)
