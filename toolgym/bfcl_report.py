@@ -89,8 +89,12 @@ def evaluate_bfcl(
     policy_name: str | None = None, progress: bool = False, out: str | os.PathLike[str] | None = None,
 ) -> BFCLReport:
     """Evaluate ``policy`` on each category (``split``: ``all``, ``train`` or ``test``; ``tasks``: ``"all"`` or N
-    entries per category drawn from ``seed``) and return the table. ``out``: also write :meth:`BFCLReport.to_dict`
+    entries per category drawn from ``seed``) and return the table. Entries run in order of their prompt's length
+    (shortest first), ``num_envs`` at a time, so each generation batch pads little. ``out``: also write :meth:`BFCLReport.to_dict`
     there as JSON. ``env_kwargs`` go to every env (``tokenizer``, ``max_episode_tokens``, ...)."""
+    import numpy as np
+
+    from toolgym.data.bfcl import load_category
     from toolgym.eval import evaluate, wilson_interval
 
     cats = parse_categories(categories)
@@ -100,7 +104,14 @@ def evaluate_bfcl(
     name = policy_name or (policy if isinstance(policy, str) else type(policy).__name__)
     for cat in cats:
         kw = {**dict(env_kwargs or {}), "category": cat}
-        rep = evaluate(ENV_ID, policy, tasks, split=split, env_kwargs=kw, num_envs=num_envs,
+        entries_of = load_category(cat, split)
+        if tasks != "all":
+            entries_of = [entries_of[int(i)] for i in
+                          sorted(np.random.default_rng(seed).permutation(len(entries_of))[: int(tasks)])]
+        # entries of similar length side by side: a batch pads to its longest prompt (live entries run from ~300
+        # to ~3,000 tokens); the order changes no verdict
+        entries_of.sort(key=lambda r: len(json.dumps(r["tools"])) + len(json.dumps(r["question"][0])))
+        rep = evaluate(ENV_ID, policy, entries_of, split=split, env_kwargs=kw, num_envs=num_envs,
                        max_turn_tokens=max_turn_tokens, seed=seed, progress=progress, policy_name=name)
         wall += rep.wall_s
         verdicts = [dict(t.task.get("bfcl") or {"valid": False, "error_type": "toolgym:no_verdict"})
