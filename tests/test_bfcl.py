@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by make install (docs/bfcl.md)")
 
 import toolgym  # noqa: E402,F401 - registers the envs
-from toolgym.data.bfcl import CATEGORIES, install_model_config_standin, load_category  # noqa: E402
+from toolgym.data.bfcl import CATEGORIES, load_category  # noqa: E402
 from toolgym.rollout import EpisodeState, RolloutDriver, ScriptedPolicy  # noqa: E402
 from toolgym.trajectory import Trajectory  # noqa: E402
 
@@ -97,6 +97,8 @@ def _single_turn(category: str, entry_id: str, text: str) -> dict[str, Any]:
 
 def _bfcl_ast(category: str, entry_id: str, output: list[dict[str, Any]]) -> dict[str, Any]:
     """BFCL's own checker on an answer, called directly (the expected verdict)."""
+    from toolgym.rewards.bfcl import install_model_config_standin
+
     install_model_config_standin()
     from bfcl_eval.constants.enums import Language
     from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker

@@ -49,10 +49,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.data",),
     ("toolgym.envs", "toolgym.vector"),
     ("toolgym.rollout",),
-    ("toolgym.tasks", "toolgym.eval"),
+    ("toolgym.tasks", "toolgym.eval", "toolgym.bfcl_report"),
     ("toolgym.serve",),
     ("toolgym.viewer", "toolgym.plots"),
-    ("toolgym.cli", "toolgym.cli_common", "toolgym.cli_eval", "toolgym.cli_bench", "toolgym.cli_view"),
+    ("toolgym.cli", "toolgym.cli_common", "toolgym.cli_eval", "toolgym.cli_bench", "toolgym.cli_view",
+     "toolgym.bfcl_cli"),
     ("trainers",),
 )
 

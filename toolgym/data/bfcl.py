@@ -9,9 +9,9 @@ task row.
 The package is installed without its declared dependencies (``pip install --no-deps bfcl-eval``: they include torch,
 CUDA wheels and five API SDKs that no checker imports). Its AST checker imports ``bfcl_eval.constants.model_config``,
 which imports every model handler (and so every API SDK) for one mapping: ``MODEL_CONFIG_MAPPING[model].
-underscore_to_dot``. :func:`install_model_config_standin` puts a stand-in for that one module into ``sys.modules``
+underscore_to_dot``. :func:`toolgym.rewards.bfcl.install_model_config_standin` puts a stand-in for that one module into ``sys.modules``
 before the checker is imported: a mapping that answers ``underscore_to_dot=False`` for any model name. toolgym maps the
-tool names back to BFCL's dotted names itself before checking (:attr:`BFCLTask.name_map`), so ``False`` (compare the
+tool names back to BFCL's dotted names itself before checking (each row's ``name_map``), so ``False`` (compare the
 original names) is the right answer for every call. docs/bfcl.md explains the choice.
 
 Splits: ``"all"`` is the whole category (the leaderboard's set); ``"train"`` / ``"test"`` split each category by a
@@ -25,8 +25,6 @@ import copy
 import functools
 import hashlib
 import json
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,7 +36,6 @@ __all__ = [
     "MULTI_TURN_CATEGORIES",
     "BFCLUnavailable",
     "category_kind",
-    "install_model_config_standin",
     "load_category",
     "parse_categories",
     "require_bfcl",
@@ -89,10 +86,6 @@ def parse_categories(spec: str | Sequence[str]) -> list[str]:
     return out
 
 
-#: the model name toolgym passes to BFCL's checkers (the stand-in mapping answers for any name)
-CHECKER_MODEL = "toolgym"
-
-
 class BFCLUnavailable(ImportError):
     """``bfcl-eval`` is not installed (``make install`` installs it; docs/bfcl.md says how by hand)."""
 
@@ -106,49 +99,6 @@ def require_bfcl() -> None:
             "toolgym/BFCL-v0 needs the bfcl-eval package: pip install --no-deps bfcl-eval==2026.3.23 "
             "(and pip install 'toolgym[bfcl]' for the few packages its checkers import; see docs/bfcl.md)"
         ) from e
-
-
-class _AnyModelConfig(Mapping[str, Any]):
-    """``MODEL_CONFIG_MAPPING`` stand-in: every model name has ``underscore_to_dot=False``."""
-
-    _entry = types.SimpleNamespace(underscore_to_dot=False)
-
-    def __getitem__(self, key: str) -> Any:
-        return self._entry
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-    def __iter__(self) -> Any:
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-
-def install_model_config_standin() -> None:
-    """Put the stand-in ``bfcl_eval.constants.model_config`` module into ``sys.modules`` unless the real one is
-    already imported (then the real one stays: a process that imported BFCL's handlers keeps them)."""
-    name = "bfcl_eval.constants.model_config"
-    if name in sys.modules:
-        return
-    mod = types.ModuleType(name, "toolgym's stand-in: MODEL_CONFIG_MAPPING answers underscore_to_dot=False for any "
-                                 "model (toolgym maps tool names back to BFCL's before checking)")
-    mod.MODEL_CONFIG_MAPPING = _AnyModelConfig()  # type: ignore[attr-defined]
-    mod.__toolgym_standin__ = True  # type: ignore[attr-defined]
-    sys.modules[name] = mod
-
-
-def checker_model_name() -> str:
-    """The model name to pass to BFCL's AST checker: any name under the stand-in; under BFCL's real mapping (a
-    process that imported its handlers first) one of its models whose entry says ``underscore_to_dot=False``."""
-    mod = sys.modules.get("bfcl_eval.constants.model_config")
-    if mod is None or getattr(mod, "__toolgym_standin__", False):
-        return CHECKER_MODEL
-    for key, cfg in mod.MODEL_CONFIG_MAPPING.items():
-        if not getattr(cfg, "underscore_to_dot", True):
-            return key.replace("/", "_")
-    raise RuntimeError("BFCL's MODEL_CONFIG_MAPPING has no model with underscore_to_dot=False")
 
 
 def category_kind(category: str) -> str:

@@ -19,16 +19,64 @@ A verdict is ``{"valid": bool, "error_type": str | None, "error": str}``.
 from __future__ import annotations
 
 import re
+import sys
 import threading
+import types
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from toolgym.data.bfcl import checker_model_name, install_model_config_standin
-
-__all__ = ["ast_verdict", "irrelevance_verdict", "multi_turn_verdict", "turn_verdict"]
+__all__ = ["ast_verdict", "checker_model_name", "install_model_config_standin", "irrelevance_verdict",
+           "multi_turn_verdict", "turn_verdict"]
 
 _lock = threading.Lock()
+
+
+#: the model name toolgym passes to BFCL's checkers (the stand-in mapping answers for any name)
+CHECKER_MODEL = "toolgym"
+
+
+class _AnyModelConfig(Mapping[str, Any]):
+    """``MODEL_CONFIG_MAPPING`` stand-in: every model name has ``underscore_to_dot=False``."""
+
+    _entry = types.SimpleNamespace(underscore_to_dot=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._entry
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def install_model_config_standin() -> None:
+    """Put the stand-in ``bfcl_eval.constants.model_config`` module into ``sys.modules`` unless the real one is
+    already imported (then the real one stays: a process that imported BFCL's handlers keeps them)."""
+    name = "bfcl_eval.constants.model_config"
+    if name in sys.modules:
+        return
+    mod = types.ModuleType(name, "toolgym's stand-in: MODEL_CONFIG_MAPPING answers underscore_to_dot=False for any "
+                                 "model (toolgym maps tool names back to BFCL's before checking)")
+    mod.MODEL_CONFIG_MAPPING = _AnyModelConfig()  # type: ignore[attr-defined]
+    mod.__toolgym_standin__ = True  # type: ignore[attr-defined]
+    sys.modules[name] = mod
+
+
+def checker_model_name() -> str:
+    """The model name to pass to BFCL's AST checker: any name under the stand-in; under BFCL's real mapping (a
+    process that imported its handlers first) one of its models whose entry says ``underscore_to_dot=False``."""
+    mod = sys.modules.get("bfcl_eval.constants.model_config")
+    if mod is None or getattr(mod, "__toolgym_standin__", False):
+        return CHECKER_MODEL
+    for key, cfg in mod.MODEL_CONFIG_MAPPING.items():
+        if not getattr(cfg, "underscore_to_dot", True):
+            return key.replace("/", "_")
+    raise RuntimeError("BFCL's MODEL_CONFIG_MAPPING has no model with underscore_to_dot=False")
 
 
 def _verdict(result: Mapping[str, Any]) -> dict[str, Any]:
