@@ -47,11 +47,10 @@ def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     import torch
 
     import toolgym  # noqa: F401 - registers the envs
-    from toolgym.bfcl_report import evaluate_bfcl, parse_categories
-    from toolgym.eval import oracle_policy, paired_difference_ci
+    from toolgym.evaluation import draw_tasks, oracle_policy, paired_difference_ci
+    from toolgym.evaluation.bfcl import evaluate_bfcl, parse_categories
     from toolgym.models import load_model
     from toolgym.rollout import TransformersPolicy
-    from toolgym.tasks import draw_tasks
     from trainers import ALGORITHMS
     from trainers.sft import collect, masked_sft
 

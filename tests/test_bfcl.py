@@ -252,7 +252,7 @@ def test_vector_env_and_info_carry_the_verdict():
 
 
 def test_summary_columns_follow_the_leaderboards_groups():
-    from toolgym.bfcl_report import parse_categories, summary_columns
+    from toolgym.evaluation.bfcl import parse_categories, summary_columns
 
     assert parse_categories("non_live,simple_python") == ["simple_python", "multiple", "parallel",
                                                            "parallel_multiple", "irrelevance"]

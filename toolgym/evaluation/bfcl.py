@@ -95,7 +95,7 @@ def evaluate_bfcl(
     import numpy as np
 
     from toolgym.data.bfcl import load_category
-    from toolgym.eval import evaluate, wilson_interval
+    from toolgym.evaluation import evaluate, wilson_interval
 
     cats = parse_categories(categories)
     rows: dict[str, dict[str, Any]] = {}

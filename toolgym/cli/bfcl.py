@@ -1,5 +1,5 @@
-"""``toolgym eval bfcl --categories ...``: the BFCL table (:mod:`toolgym.bfcl_report`) from the ``eval`` command's
-parsed options; ``toolgym/cli_eval.py`` hands over to :func:`run_bfcl_table` when ``--categories`` is given."""
+"""``toolgym eval bfcl --categories ...``: the BFCL table (:mod:`toolgym.evaluation.bfcl`) from the ``eval`` command's
+parsed options; ``toolgym/cli/eval.py`` hands over to :func:`run_bfcl_table` when ``--categories`` is given."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from toolgym.cli_common import CLIError, ExitCode, policy_connection
+from toolgym.cli.common import CLIError, ExitCode, policy_connection
 
 __all__ = ["run_bfcl_table"]
 
@@ -16,7 +16,7 @@ __all__ = ["run_bfcl_table"]
 def run_bfcl_table(args: argparse.Namespace, env_id: str, policy: Any, env_kwargs: dict[str, Any]) -> int:
     """Evaluate ``policy`` on ``args.categories`` (split ``args.split``, default ``test``), print the table (or its
     JSON with ``--json``), write ``--bfcl-out``. Exit 2 for an env other than BFCL or an unknown category."""
-    from toolgym.bfcl_report import evaluate_bfcl, parse_categories
+    from toolgym.evaluation.bfcl import evaluate_bfcl, parse_categories
 
     if env_id != "toolgym/BFCL-v0":
         raise CLIError(f"--categories is for the BFCL env (toolgym/BFCL-v0), not {env_id}", ExitCode.USAGE)
