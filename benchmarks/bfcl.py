@@ -5,7 +5,7 @@ Per seed: evaluate the untrained model on the ``test`` split of the single-turn 
 out-of-distribution check (never trained on); warm-start with masked SFT on oracle episodes (BFCL's ground truth)
 of the ``train`` split; evaluate; train with GRPO through the TRL adapter on the ``train`` split of the same
 categories (one env, a category mixture: ``toolgym/BFCL-v0`` with ``category="a,b,..."``); evaluate. Every
-evaluation is greedy on the same entries, so gains are paired per entry (``toolgym.eval.paired_difference_ci``).
+evaluation is greedy on the same entries, so gains are paired per entry (``toolgym.evaluation.paired_difference_ci``).
 
     python benchmarks/bfcl.py --seeds 0 1 2 --out runs/bfcl_bench
 

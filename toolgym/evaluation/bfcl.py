@@ -1,6 +1,6 @@
 """The BFCL table: one policy on a list of BFCL categories, one row per category, the leaderboard's summary columns.
 
-:func:`evaluate_bfcl` runs :func:`toolgym.eval.evaluate` on ``toolgym/BFCL-v0`` once per category (every selected
+:func:`evaluate_bfcl` runs :func:`toolgym.evaluation.evaluate` on ``toolgym/BFCL-v0`` once per category (every selected
 entry once, batched over ``num_envs`` episodes) and reads BFCL's verdict of every episode
 (``trajectory.task["bfcl"]``). ``toolgym eval bfcl --categories ...`` prints :meth:`BFCLReport.format_table` and
 writes :meth:`BFCLReport.to_dict` (the per-entry verdicts included) with ``--bfcl-out``.
