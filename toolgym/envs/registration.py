@@ -39,6 +39,10 @@ ENVS: dict[str, tuple[str, str]] = {
         "toolgym.envs.python:PythonEnv",
         "arithmetic word problems with a sandboxed Python tool; reward = exact numeric answer",
     ),
+    "toolgym/BFCL-v0": (
+        "toolgym.envs.bfcl:BFCLEnv",
+        "Berkeley Function Calling Leaderboard categories (category=...); reward = BFCL's own checker verdict",
+    ),
     "toolgym/MCP-v0": (
         "toolgym.envs.mcp:MCPEnv",
         "any MCP server from a config file + a JSONL task file; reward by name or callable",

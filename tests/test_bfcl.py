@@ -1,0 +1,300 @@
+"""toolgym/BFCL-v0: BFCL's categories as envs whose reward is BFCL's own checker verdict (bfcl-eval's data,
+``ast_checker``, ``multi_turn_checker`` and API simulators; nothing here re-implements a check)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by make install (docs/bfcl.md)")
+
+import toolgym  # noqa: E402,F401 - registers the envs
+from toolgym.data.bfcl import CATEGORIES, load_category  # noqa: E402
+from toolgym.rollout import EpisodeState, RolloutDriver, ScriptedPolicy  # noqa: E402
+from toolgym.trajectory import Trajectory  # noqa: E402
+
+ENV = "toolgym/BFCL-v0"
+PER_CATEGORY = 12  # ground truth is checked on a spread sample of every category (all entries: docs/bfcl.md)
+
+
+def _oracle(state: EpisodeState) -> str:
+    return state.env.oracle(state)
+
+
+def _run(category: str, rows: list[dict[str, Any]], policy: Any = None, num_envs: int = 4) -> list[Trajectory]:
+    driver = RolloutDriver(ENV, policy or ScriptedPolicy(_oracle), max_turn_tokens=2048, num_envs=num_envs,
+                           env_kwargs={"category": category})
+    try:
+        return driver.run(rows, seeds=list(range(len(rows))))
+    finally:
+        driver.venv.close()
+
+
+def _answerable(row: dict[str, Any]) -> bool:
+    """Entries whose ground truth BFCL's checker can accept: a few possible answers omit a required parameter
+    (e.g. live_simple_106-63-0) and the oracle writes Java / JavaScript literals for scalars only."""
+    if row["kind"] != "ast":
+        return True
+    docs = {f["name"]: f for f in row["functions"]}
+    for item in row["ground_truth"]:
+        (name, params), = item.items()
+        required = docs[name]["parameters"].get("required", [])
+        if any(p not in params or all(o == "" for o in params[p]) for p in required):
+            return False
+        if row["category"] in ("simple_java", "simple_javascript") and any(
+                isinstance(o[0], list | dict) for o in params.values() if o):
+            return False
+    return True
+
+
+def _sample(category: str, n: int = PER_CATEGORY) -> list[dict[str, Any]]:
+    rows = [r for r in load_category(category) if _answerable(r)]
+    idx = np.random.default_rng(0).permutation(len(rows))[:n]
+    return [rows[int(i)] for i in sorted(idx)]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_ground_truth_scores_one_in_every_category(category):
+    rows = _sample(category, 6 if category == "multi_turn_long_context" else PER_CATEGORY)
+    trajs = _run(category, rows)
+    verdicts = [t.task["bfcl"] for t in trajs]
+    assert [v["valid"] for v in verdicts] == [True] * len(rows), [v for v in verdicts if not v["valid"]][:2]
+    assert all(t.outcome_reward == 1.0 for t in trajs)
+    if category.startswith("multi_turn"):
+        # every checked turn passed BFCL's state and response checks: the process reward sums to 1 (+ outcome 1)
+        assert all(all(v["turn_passes"]) for v in verdicts)
+        assert all(sum(t.turn_rewards) == pytest.approx(1.0) for t in trajs)
+        assert all(t.tool_calls for t in trajs)
+    if "irrelevance" in category:
+        assert not any(t.tool_calls for t in trajs)
+
+
+def test_splits_are_disjoint_deterministic_and_at_least_half_test():
+    for category in ("simple_python", "live_parallel", "multi_turn_base"):
+        every = {r["id"] for r in load_category(category)}
+        train = {r["id"] for r in load_category(category, "train")}
+        test = {r["id"] for r in load_category(category, "test")}
+        assert train.isdisjoint(test) and train | test == every
+        assert len(test) >= len(every) / 2 and len(train) >= len(every) / 2 - 1
+    with pytest.raises(ValueError, match="not served"):
+        gym.make(ENV, category="web_search")
+
+
+def _single_turn(category: str, entry_id: str, text: str) -> dict[str, Any]:
+    env = gym.make(ENV, category=category, disable_env_checker=True).unwrapped
+    row = next(r for r in load_category(category) if r["id"] == entry_id)
+    env.reset(options={"task": row})
+    _, reward, terminated, _, info = env.step(env.encode_action(text))
+    assert terminated and reward == (1.0 if info["bfcl"]["valid"] else 0.0)
+    env.close()
+    return info["bfcl"]
+
+
+def _bfcl_ast(category: str, entry_id: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    """BFCL's own checker on an answer, called directly (the expected verdict)."""
+    from toolgym.rewards.bfcl import install_model_config_standin
+
+    install_model_config_standin()
+    from bfcl_eval.constants.enums import Language
+    from bfcl_eval.eval_checker.ast_eval.ast_checker import ast_checker
+
+    row = next(r for r in load_category(category) if r["id"] == entry_id)
+    return ast_checker(row["functions"], output, row["ground_truth"], Language.PYTHON, category, "any_model")
+
+
+@pytest.mark.parametrize("mutation", ["none", "wrong_value", "missing_required", "extra_call", "wrong_name"])
+def test_single_turn_mutations_score_bfcls_verdict(mutation):
+    # simple_python_0: calculate_triangle_area(base=10, height=5[, unit='units'])
+    env = gym.make(ENV, category="simple_python", disable_env_checker=True).unwrapped
+    fmt = env.format.parser
+    args = {"base": 10, "height": 5}
+    calls = [("calculate_triangle_area", args)]
+    if mutation == "wrong_value":
+        calls = [("calculate_triangle_area", {"base": 11, "height": 5})]
+    elif mutation == "missing_required":
+        calls = [("calculate_triangle_area", {"base": 10})]
+    elif mutation == "extra_call":
+        calls = calls + calls
+    elif mutation == "wrong_name":
+        calls = [("calculate_circle_area", args)]
+    env.close()
+    got = _single_turn("simple_python", "simple_python_0", fmt.format_calls(calls))
+    want = _bfcl_ast("simple_python", "simple_python_0", [{n: a} for n, a in calls])
+    assert got["valid"] is want["valid"] is (mutation == "none")
+    assert got["error_type"] == (None if want["valid"] else want["error_type"])
+    expected = {"wrong_value": "value_error:others", "missing_required": "simple_function_checker:missing_required",
+                "extra_call": "simple_function_checker:wrong_count",
+                "wrong_name": "simple_function_checker:wrong_func_name"}
+    assert got["error_type"] == expected.get(mutation)
+
+
+def test_dotted_names_are_shown_with_underscores_and_checked_under_bfcls_names():
+    row = next(r for r in load_category("parallel_multiple") if r["id"] == "parallel_multiple_0")
+    env = gym.make(ENV, category="parallel_multiple", disable_env_checker=True).unwrapped
+    _, info = env.reset(options={"task": row})
+    shown = [t["function"]["name"] for t in env.tool_schemas]
+    assert "math_toolkit_sum_of_multiples" in shown and not any("." in n for n in shown)
+    assert all(t["function"]["parameters"]["type"] == "object" for t in env.tool_schemas)
+    assert "math_toolkit_sum_of_multiples" in info["prompt_text"]
+    text = env.format.parser.format_calls([("math_toolkit_sum_of_multiples", {"lower_limit": 1, "upper_limit": 1000,
+                                            "multiples": [3, 5]}), ("math_toolkit_product_of_primes", {"count": 5})])
+    _, reward, *_ , info = env.step(env.encode_action(text))
+    assert reward == 1.0 and info["bfcl"]["valid"]
+    env.close()
+
+
+@pytest.mark.parametrize("category", ["irrelevance", "live_irrelevance"])
+def test_irrelevance_rewards_no_call(category):
+    row = load_category(category)[0]
+    env = gym.make(ENV, category=category, disable_env_checker=True).unwrapped
+    name = row["tools"][0]["function"]["name"]
+    env.reset(options={"task": row})
+    _, r_call, *_, info = env.step(env.encode_action(env.format.parser.format_calls([(name, {})])))
+    assert r_call == 0.0 and info["bfcl"]["error_type"] == "irrelevance_error:decoder_success"
+    env.reset(options={"task": row})
+    _, r_text, *_, info = env.step(env.encode_action("I cannot help with that using these functions."))
+    assert r_text == 1.0 and info["bfcl"]["valid"]
+    env.close()
+
+
+def _multi_turn_row(category: str = "multi_turn_base", min_calls: int = 2) -> dict[str, Any]:
+    """The first entry with a turn of at least ``min_calls`` ground-truth calls that change the file system."""
+    for r in load_category(category):
+        if "GorillaFileSystem" in r["involved_classes"] and any(
+                len(t) >= min_calls and any(s.startswith(("mkdir", "mv", "touch")) for s in t)
+                for t in r["ground_truth"]):
+            return r
+    raise AssertionError("no such entry")
+
+
+def test_multi_turn_skipped_step_scores_bfcls_verdict():
+    row = _multi_turn_row()
+    k = next(i for i, t in enumerate(row["ground_truth"]) if len(t) >= 2 and any(
+        s.startswith(("mkdir", "mv", "touch")) for s in t))
+    skip = next(j for j, s in enumerate(row["ground_truth"][k]) if s.startswith(("mkdir", "mv", "touch")))
+
+    def skipping(state: EpisodeState) -> str:
+        env = state.env
+        truth = state.task["ground_truth"][env.user_turn] if env.user_turn < len(state.task["ground_truth"]) else []
+        if env.steps_in_turn == 0 and truth:
+            calls = [env.session.keyword_form(s) for s in truth]
+            if env.user_turn == k:
+                del calls[skip]
+            return env.format.parser.format_calls(calls)
+        return "Done."
+
+    traj, = _run("multi_turn_base", [row], ScriptedPolicy(skipping), num_envs=1)
+    got = traj.task["bfcl"]
+    assert not got["valid"] and traj.outcome_reward == 0.0
+    assert got["turn_passes"][k] is False and all(got["turn_passes"][:k])
+    # BFCL's multi-turn checker on the same calls (its own executor, its own instance key) says the same
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    decoded = [[list(t)] if t else [] for t in row["ground_truth"]]
+    del decoded[k][0][skip]
+    want = multi_turn_checker(decoded, row["ground_truth"], row, row["category"], "test_skipped_step")
+    assert want["valid"] is False and got["error_type"] == want["error_type"]
+
+
+def test_concurrent_episodes_of_one_entry_do_not_share_state():
+    row = _multi_turn_row()
+
+    def policy(state: EpisodeState) -> str:
+        env = state.env
+        text = env.oracle(state)
+        if state.index % 2 and env.user_turn == 0 and env.steps_in_turn == 0:  # odd episodes also make a directory
+            calls = [("mkdir", {"dir_name": "intruder"})] + [env.session.keyword_form(s) for s in
+                                                             state.task["ground_truth"][0]]
+            return env.format.parser.format_calls(calls)
+        return text
+
+    trajs = _run("multi_turn_base", [row] * 8, ScriptedPolicy(policy), num_envs=8)
+    valid = [t.task["bfcl"]["valid"] for t in trajs]
+    assert valid == [True, False] * 4, [t.task["bfcl"]["error_type"] for t in trajs]
+    assert all(t.task["bfcl"]["error_type"] == "multi_turn:instance_state_mismatch" for t in trajs[1::2])
+
+
+def test_model_text_is_never_executed(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = f"__import__('os').system('touch {marker}')"
+    row = _multi_turn_row()
+    env = gym.make(ENV, category="multi_turn_base", disable_env_checker=True).unwrapped
+    env.reset(options={"task": row})
+    text = env.format.parser.format_calls([(payload, {}), ("cd", {"folder": payload}),
+                                           ("ls", {"a": True, "__import__('os')": 1})])
+    obs, _, terminated, _, info = env.step(env.encode_action(text))
+    kinds = [r["error_kind"] for r in info["results"]]
+    assert kinds[0] == "unknown_tool" and kinds[2] == "invalid_arguments" and not terminated
+    assert payload in info["results"][1]["content"]  # the simulator got the payload as a plain string
+    # the call strings handed to BFCL's checker quote the payload as a string literal
+    assert env._steps == [[f"cd(folder={payload!r})"]]
+    while not env.verdict:  # finish every turn without further calls: the checker runs on the payload string
+        _, _, terminated, truncated, info = env.step(env.encode_action("Done."))
+        if terminated or truncated:
+            break
+    assert info["bfcl"]["valid"] is False
+    assert not marker.exists()
+    env.close()
+
+
+def test_vector_env_and_info_carry_the_verdict():
+    rows = _sample("live_simple", 4)
+    trajs = _run("live_simple", rows)
+    for t in trajs:
+        v = t.task["bfcl"]
+        assert set(v) >= {"valid", "error_type", "error", "truncated", "category", "id"}
+        assert json.loads(json.dumps(v)) == v
+
+
+def test_summary_columns_follow_the_leaderboards_groups():
+    from toolgym.evaluation.bfcl import parse_categories, summary_columns
+
+    assert parse_categories("non_live,simple_python") == ["simple_python", "multiple", "parallel",
+                                                           "parallel_multiple", "irrelevance"]
+    with pytest.raises(ValueError, match="unknown BFCL category"):
+        parse_categories("simple_rust")
+    rows = {
+        "simple_python": {"n": 10, "correct": 6, "accuracy": 0.6}, "simple_java": {"n": 10, "correct": 2, "accuracy": 0.2},
+        "multiple": {"n": 10, "correct": 8, "accuracy": 0.8}, "parallel": {"n": 10, "correct": 5, "accuracy": 0.5},
+        "parallel_multiple": {"n": 10, "correct": 3, "accuracy": 0.3},
+        "live_simple": {"n": 10, "correct": 5, "accuracy": 0.5}, "live_multiple": {"n": 30, "correct": 3, "accuracy": 0.1},
+        "irrelevance": {"n": 10, "correct": 9, "accuracy": 0.9},
+    }
+    s = summary_columns(rows)
+    assert s["non_live_ast"] == pytest.approx((0.4 + 0.8 + 0.5 + 0.3) / 4)  # simple = mean(python, java)
+    assert s["live_ast"] == pytest.approx(8 / 40)  # pooled by entry
+    assert s["irrelevance"] == pytest.approx(0.9) and s["multi_turn"] is None
+
+
+def test_eval_command_prints_the_table_and_writes_every_verdict(tmp_path, capsys):
+    from toolgym.cli import main
+
+    out = tmp_path / "bfcl.json"
+    rc = main(["eval", "bfcl", "--categories", "simple_python,irrelevance,multi_turn_base", "--policy", "oracle",
+               "--tasks", "3", "--no-progress", "--max-new-tokens", "1024", "--bfcl-out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "simple_python" in text and "non_live_ast" in text and "100.0%" in text
+    data = json.loads(out.read_text())
+    assert [e["category"] for e in data["entries"]] == ["simple_python"] * 3 + ["irrelevance"] * 3 + ["multi_turn_base"] * 3
+    assert all(e["valid"] for e in data["entries"]) and data["summary"]["multi_turn"] == 1.0
+    assert {e["id"] for e in data["entries"]} <= {r["id"] for c in ("simple_python", "irrelevance", "multi_turn_base")
+                                                  for r in load_category(c, "test")}
+
+
+def test_a_category_mixture_scores_each_episode_as_its_own_category():
+    rows = _sample("irrelevance", 2) + _sample("parallel", 2) + _sample("multi_turn_base", 2)
+    driver = RolloutDriver(ENV, ScriptedPolicy(_oracle), max_turn_tokens=2048, num_envs=3,
+                           env_kwargs={"category": "irrelevance,parallel,multi_turn_base"})
+    try:
+        trajs = driver.run(rows, seeds=list(range(len(rows))))
+    finally:
+        driver.venv.close()
+    assert [t.task["bfcl"]["category"] for t in trajs] == [r["category"] for r in rows]
+    assert all(t.outcome_reward == 1.0 for t in trajs)
+    assert [bool(t.tool_calls) for t in trajs] == [False, False, True, True, True, True]
