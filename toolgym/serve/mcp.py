@@ -12,7 +12,12 @@ is answered with ``isError`` and the text ``Error (<kind>): <message>``.
 Examples::
 
     toolgym serve mcp --tools calculator                       # stdio
-    toolgym serve mcp --tools calculator,search --transport http --host 0.0.0.0 --port 8000
+    toolgym serve mcp --tools calculator,search --transport http --port 8000   # loopback only
+    TOOLGYM_SERVE_TOKEN=... toolgym serve mcp --tools calculator --transport http --host 0.0.0.0
+
+A non-loopback ``--host`` needs a token (``--token-file`` or ``$TOOLGYM_SERVE_TOKEN``, 16+ characters) that
+every request carries as ``Authorization: Bearer TOKEN``; without one only loopback ``Host`` names are answered
+(:mod:`toolgym.serve.access`).
     python -m toolgym.serve.mcp --tools mypkg.tools:make_tools --transport http
 """
 
@@ -26,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.serve.access import SERVE_TOKEN_ENV as TOKEN_ENV
+from toolgym.serve.access import add_token_argument, check_bind, read_token
 from toolgym.tools.base import Tool, ToolCall
 from toolgym.tools.mcp.results import ERROR_KIND_META  # the key the toolgym client maps back to an error kind
 
@@ -163,13 +170,20 @@ async def serve_http(
     stateless: bool = False,
     json_response: bool = False,
     log_level: str = "warning",
+    token: str | None = None,
 ) -> None:
-    """Serve ``server`` over streamable HTTP at ``http://host:port/path`` (uvicorn) until cancelled."""
+    """Serve ``server`` over streamable HTTP at ``http://host:port/path`` (uvicorn) until cancelled.
+
+    A non-loopback ``host`` needs ``token`` (:func:`toolgym.serve.access.check_bind`); requests are checked by
+    :func:`toolgym.serve.access.asgi_guard`."""
     import uvicorn
 
-    app = server.streamable_http_app(
+    from toolgym.serve import access
+
+    access.check_bind(host, token, what="serve mcp", env=TOKEN_ENV)
+    app = access.asgi_guard(server.streamable_http_app(
         streamable_http_path=path, stateless_http=stateless, json_response=json_response, host=host
-    )
+    ), token)
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).serve()
 
 
@@ -185,6 +199,7 @@ def run(
     name: str = "toolgym",
     default_timeout_s: float = 30.0,
     max_concurrency: int = 512,
+    token: str | None = None,
 ) -> None:
     """Build the tools (names or instances) and serve them until stopped (blocking).
 
@@ -194,6 +209,7 @@ def run(
         host, port, path: the HTTP endpoint.
         stateless, json_response: streamable-HTTP options of the SDK (stateless sessions; JSON instead of SSE).
         default_timeout_s, max_concurrency: the server-side executor's per-call timeout and concurrency cap.
+        token: the Bearer token HTTP requests must carry (required for a non-loopback ``host``).
     """
     built = [t for t in tools if isinstance(t, Tool)]
     names = [t for t in tools if isinstance(t, str)]
@@ -206,7 +222,8 @@ def run(
     if transport == "stdio":
         coro = serve_stdio(server)
     elif transport in ("http", "streamable-http", "streamable_http"):
-        coro = serve_http(server, host=host, port=port, path=path, stateless=stateless, json_response=json_response)
+        coro = serve_http(server, host=host, port=port, path=path, stateless=stateless, json_response=json_response,
+                          token=token)
     else:
         raise ValueError(f"unknown transport {transport!r} (use 'stdio' or 'http')")
     try:
@@ -223,8 +240,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help=f"comma-separated tool sets: {', '.join(TOOLSETS)} or module:factory (default: calculator)",
     )  # fmt: skip
     p.add_argument("--transport", default="stdio", choices=["stdio", "http", "streamable-http"])
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
     p.add_argument("--port", type=int, default=8000)
+    add_token_argument(p, TOKEN_ENV)
     p.add_argument("--path", default="/mcp", help="HTTP endpoint path (default /mcp)")
     p.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no session ids)")
     p.add_argument("--json-response", action="store_true", help="answer with JSON bodies instead of SSE streams")
@@ -237,6 +256,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``toolgym serve mcp`` (and ``python -m toolgym.serve.mcp``)."""
     args = build_parser().parse_args(argv)
+    token = None
+    if args.transport != "stdio":
+        token = read_token(args.token_file, TOKEN_ENV)
+        check_bind(args.host, token, what="serve mcp", env=TOKEN_ENV)  # CLIError: exit 2 before any tool is built
     try:
         specs = [s for s in args.tools.split(",") if s.strip()]
         tools = resolve_toolsets(specs)
@@ -259,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name=args.name,
         default_timeout_s=args.timeout,
         max_concurrency=args.max_concurrency,
+        token=token,
     )
     return 0
 

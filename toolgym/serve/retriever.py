@@ -28,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from toolgym.serve import access
 from toolgym.tools.search import BM25Retriever, Hit
 
 __all__ = ["BackgroundServer", "build_retriever", "create_app", "main", "run"]
@@ -156,12 +157,17 @@ def run(
     retriever: Any | None = None,
     corpus: str = "geo",
     backend: str = "auto",
+    token: str | None = None,
     **app_kwargs: Any,
 ) -> None:
-    """Serve until interrupted (blocking). ``retriever`` defaults to :func:`build_retriever` over ``corpus``."""
+    """Serve until interrupted (blocking). ``retriever`` defaults to :func:`build_retriever` over ``corpus``. A
+    non-loopback ``host`` needs ``token``, carried by every request as ``Authorization: Bearer``
+    (:mod:`toolgym.serve.access`)."""
+    access.check_bind(host, token, what="serve retriever", env=access.SERVE_TOKEN_ENV)
     if retriever is None:
         retriever = build_retriever(corpus, backend=backend)
     app = create_app(retriever, **app_kwargs)
+    app.middlewares.insert(0, access.aiohttp_guard(token))
     print(f"toolgym retriever: {retriever!r} on http://{host}:{port}/retrieve", flush=True)
     web.run_app(app, host=host, port=port, print=None, access_log=None)
 
@@ -169,8 +175,10 @@ def run(
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry: ``toolgym serve retriever [--host H] [--port P] [--corpus geo|geo-100k|PATH.jsonl] ...``."""
     p = argparse.ArgumentParser(prog="toolgym serve retriever", description=__doc__.split("\n\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
     p.add_argument("--port", type=int, default=8000)
+    access.add_token_argument(p, access.SERVE_TOKEN_ENV)
     p.add_argument("--corpus", default="geo", help="geo | geo-100k | path to a Search-R1 corpus JSONL")
     p.add_argument("--limit", type=int, default=None, help="index only the first N passages of a JSONL corpus")
     p.add_argument("--backend", default="auto", choices=["auto", "numba", "numpy"])
@@ -178,9 +186,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-queries", type=int, default=4096)
     p.add_argument("--default-topk", type=int, default=3)
     a = p.parse_args(argv)
+    token = access.read_token(a.token_file, access.SERVE_TOKEN_ENV)
+    access.check_bind(a.host, token, what="serve retriever", env=access.SERVE_TOKEN_ENV)  # exit 2 before indexing
     retriever = build_retriever(a.corpus, backend=a.backend, limit=a.limit)
     run(
-        a.host, a.port, retriever=retriever, max_topk=a.max_topk, max_queries=a.max_queries, default_topk=a.default_topk
+        a.host, a.port, retriever=retriever, token=token, max_topk=a.max_topk, max_queries=a.max_queries,
+        default_topk=a.default_topk,
     )
     return 0
 

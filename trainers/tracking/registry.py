@@ -28,6 +28,7 @@ promotion. Everything is validated before anything is created; a failure part-wa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import shutil
@@ -260,13 +261,6 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
     created_model = False
     run_id: str | None = None
     try:
-        try:
-            client.get_registered_model(name)
-        except MlflowException as e:
-            if not _not_found(e):
-                raise
-            client.create_registered_model(name, tags={"toolgym.kind": "policy"})
-            created_model = True
         exp = client.get_experiment_by_name(experiment_name())
         run = client.create_run(exp.experiment_id, run_name=f"register {name}",
                                 tags={"toolgym.kind": "register", "toolgym.version": __version__})
@@ -287,21 +281,39 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
             _log_eval(client, run_id, ev)
             tags.update(_eval_tags(ev))
         client.set_terminated(run_id)
-        mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/model", run_id=run_id,
-                                         tags=tags, description=description)
+        # the model (when new) and its version appear together under the store lock: another process's cleanup,
+        # which also holds it, never sees a model of ours without its version
+        with store_lock(tracking_uri()):
+            try:
+                client.get_registered_model(name)
+            except MlflowException as e:
+                if not _not_found(e):
+                    raise
+                client.create_registered_model(name, tags={"toolgym.kind": "policy"})
+                created_model = True
+            mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/model", run_id=run_id,
+                                             tags=tags, description=description)
     except BaseException:
-        if run_id is not None:
-            try:
-                client.delete_run(run_id)
-            except Exception:  # noqa: BLE001 - best effort: the original error is what the user needs
-                pass
-        if created_model:
-            try:
-                client.delete_registered_model(name)
-            except Exception:  # noqa: BLE001
-                pass
+        _undo_register(client, name, run_id, created_model)
         raise
     return _row(client.get_model_version(name, mv.version), _get_model(client, name))
+
+
+def _undo_register(client: Any, name: str, run_id: str | None, created_model: bool) -> None:
+    """Remove what one failed or interrupted :func:`register` call made, and only that, under the store lock: the
+    versions whose run is ``run_id``, the model when this call created it and no version is left in it (another
+    process may have registered one meanwhile), then the run. Best effort: the original error is what the user
+    needs."""
+    with contextlib.suppress(Exception), store_lock(tracking_uri()):
+        if run_id is not None:
+            for mv in client.search_model_versions(f"name='{name}'"):
+                if mv.run_id == run_id:
+                    client.delete_model_version(name, mv.version)
+        if created_model and not client.search_model_versions(f"name='{name}'"):
+            client.delete_registered_model(name)
+    if run_id is not None:
+        with contextlib.suppress(Exception):
+            client.delete_run(run_id)
 
 
 def _log_eval(client: Any, run_id: str, ev: Mapping[str, Any]) -> None:

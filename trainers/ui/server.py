@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hmac
-import ipaddress
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 
 from toolgym.cli.common import add_ui_arguments
 from toolgym.errors import CLIError, ExitCode
+from toolgym.serve import access
 from trainers.ui import commands as C
 from trainers.ui.jobs import JobError, JobStore, redact
 from trainers.ui.playground import ToolPlayground, UIError, reward_library, score_file
@@ -40,27 +40,12 @@ __all__ = ["build_app", "build_parser", "check_bind", "main"]
 
 PAGE = Path(__file__).resolve().parent / "page.html"
 COOKIE = "toolgym_ui_token"
-_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) only listens on this machine."""
-    if host.strip("[]") == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+_LOOPBACK_NAMES = access.LOOPBACK_NAMES
 
 
 def check_bind(host: str, token: str | None) -> None:
     """Refuse a non-loopback bind without a token, and a token too short to guess at (``CLIError``, exit 2)."""
-    if token is not None and len(token) < 16:
-        raise CLIError("the UI token must have at least 16 characters (e.g. `python -c \"import secrets; "
-                       "print(secrets.token_urlsafe())\"`)", ExitCode.USAGE)
-    if not is_loopback(host) and not token:
-        raise CLIError(f"refusing to serve on {host}: a non-loopback --host needs a token (set TOOLGYM_UI_TOKEN or "
-                       "--token-file FILE); without one the UI binds 127.0.0.1 only", ExitCode.USAGE)
+    access.check_bind(host, token, what="the UI")
 
 
 def public_uri(uri: str) -> str:
@@ -366,12 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_token(token_file: str | None) -> str | None:
-    if token_file:
-        try:
-            return Path(token_file).read_text(encoding="utf-8").strip() or None
-        except OSError as e:
-            raise CLIError(f"cannot read --token-file {token_file}: {e.strerror}", ExitCode.INPUT) from None
-    return os.environ.get("TOOLGYM_UI_TOKEN", "").strip() or None
+    return access.read_token(token_file, "TOOLGYM_UI_TOKEN")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -115,9 +115,15 @@ def run(
     threads: int | None = None,
     tool_call_parser: str | None = None,
     logprobs_mode: str = DEFAULT_LOGPROBS_MODE,
+    token: str | None = None,
 ) -> None:
-    """Load ``model`` (see :func:`load`) and serve it until interrupted (blocking)."""
+    """Load ``model`` (see :func:`load`) and serve it until interrupted (blocking). A non-loopback ``host`` needs
+    ``token``, which every request then carries as ``Authorization: Bearer`` (:mod:`toolgym.serve.access`)."""
     import torch
+
+    from toolgym.serve import access
+
+    access.check_bind(host, token, what="serve model", env=access.SERVE_TOKEN_ENV)
 
     if threads:
         torch.set_num_threads(threads)
@@ -133,7 +139,9 @@ def run(
     )
     print(f"toolgym serve model: {server.served_model_name} on http://{host}:{port}/v1", flush=True)
     # handler_cancellation: a client that disconnects cancels its request, and with it its generation
-    web.run_app(server.app(), host=host, port=port, access_log=None, print=None, handler_cancellation=True)
+    app = server.app()
+    app.middlewares.insert(0, access.aiohttp_guard(token))
+    web.run_app(app, host=host, port=port, access_log=None, print=None, handler_cancellation=True)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -141,8 +149,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p = parser or argparse.ArgumentParser(
         prog="toolgym serve model", description="OpenAI-compatible server over a local transformers model."
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
     p.add_argument("--port", type=int, default=8000)
+    from toolgym.serve.access import SERVE_TOKEN_ENV, add_token_argument
+
+    add_token_argument(p, SERVE_TOKEN_ENV)
     p.add_argument(
         "--model", default=None, help="path, .gguf or cached hub id; 'tiny' = tiny random; default: embedded"
     )
@@ -171,7 +183,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``toolgym serve model`` (``python -m toolgym.serve.model``)."""
+    from toolgym.serve.access import SERVE_TOKEN_ENV, check_bind, read_token
+
     args = build_parser().parse_args(argv)
+    token = read_token(args.token_file, SERVE_TOKEN_ENV)
+    check_bind(args.host, token, what="serve model", env=SERVE_TOKEN_ENV)  # CLIError (exit 2) before loading
     logging.basicConfig(level=logging.INFO)
     run(
         args.host,
@@ -183,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         threads=args.threads,
         tool_call_parser=args.tool_call_parser,
         logprobs_mode=args.logprobs_mode,
+        token=token,
     )
     return 0
 
