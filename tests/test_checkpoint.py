@@ -83,7 +83,9 @@ def test_run_settings_round_trip_and_bad_files(tmp_path: Path):
         read_run_settings(tmp_path)
     assert s["autocast"] is None  # not recorded: the model's own dtype
     write_run_settings(tmp_path, env_kwargs={}, autocast="bfloat16")
-    assert read_run_settings(tmp_path)["autocast"] == "bfloat16"
+    assert read_run_settings(tmp_path)["autocast"] == "bfloat16" and "device" not in read_run_settings(tmp_path)
+    write_run_settings(tmp_path, env_kwargs={}, device="model on cuda:0, float32")  # where the run's model ran
+    assert read_run_settings(tmp_path)["device"] == "model on cuda:0, float32"
     with pytest.raises(ValueError, match="autocast"):
         write_run_settings(tmp_path / "y", autocast="int8")
     assert not (tmp_path / "y").exists()

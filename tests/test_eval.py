@@ -282,6 +282,16 @@ def test_cli_eval_with_a_model_policy(capsys):
     d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert d["n_tasks"] == 3 and d["episodes"] == 3 and d["policy"] == "tiny" and len(set(d["task_ids"])) == 3
     assert d["generated_tokens"] > 0 and 0.0 <= d["success_ci95"][0] <= d["success"] <= d["success_ci95"][1]
+    assert d["placement"] == "model on cpu, float32"  # --device auto on a machine without a GPU, stated
+
+
+def test_cli_eval_refuses_a_gpu_the_machine_does_not_have(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc = main(["eval", "calculator", "--policy", "tiny", "--split", "test", "--tasks", "1", "--device", "cuda:1",
+               "--no-progress"])
+    assert rc == 2 and "torch sees 0 CUDA device(s)" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(120)

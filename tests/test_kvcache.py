@@ -123,3 +123,23 @@ def test_frozen_weights_are_cast_once_per_generation_under_autocast(tok):
     assert not head.requires_grad
     with autocast_context("cpu", "bfloat16", model):
         assert not head.requires_grad
+
+
+def test_greedy_processed_logprobs_equal_the_full_scores_path_and_a_teacher_forced_forward(tok):
+    """Greedy ``processed_logprobs`` come from a (B,) record per step (max - logsumexp), not from (B, V) scores kept
+    per step: the same tokens and log-probabilities as the raw-logits path (greedy has no processors) and as one
+    forward over prompt + completion."""
+    model = tiny_random_model(tok, seed=3).eval()
+    reqs = _requests(tok)
+    fast = TransformersPolicy(model, tok, do_sample=False, return_logprobs=True, turn_cache_mb=0).generate(reqs)
+    full = TransformersPolicy(model, tok, do_sample=False, return_logprobs=True, logprobs_mode="raw_logprobs",
+                              turn_cache_mb=0).generate(reqs)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in full]
+    for f, r, req in zip(fast, full, reqs, strict=True):
+        assert f.logprobs == pytest.approx(r.logprobs, abs=1e-5)
+        ids = torch.tensor([req.prompt_ids + f.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        n = len(req.prompt_ids)
+        forced = [float(logp[n - 1 + j, t]) for j, t in enumerate(f.token_ids)]
+        assert f.logprobs == pytest.approx(forced, abs=1e-4)

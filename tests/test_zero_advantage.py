@@ -15,6 +15,7 @@ pytest.importorskip("trl", reason="the GRPO adapter needs the [train] extra (trl
 
 import torch  # noqa: E402
 
+from tests.devices import UnplacedFactories  # noqa: E402
 from tests.test_turn_grpo import make_trainer  # noqa: E402
 from trainers.grpo.zero_advantage import all_zero, regroup, skippable  # noqa: E402
 
@@ -42,6 +43,16 @@ def test_regroup_moves_zero_advantage_rows_to_the_last_micro_batches():
     assert regroup(regroup(tok)) is None  # already in place: nothing to move
     assert regroup(mbs[:1]) is None  # one micro-batch
     assert regroup([{**mbs[0], "pixel_values": [1, 2, 3]}, mbs[1]]) is None  # something it cannot lay out
+
+
+def test_regroup_makes_every_tensor_on_the_device_of_the_batch():
+    """A GPU batch meets no tensor regroup makes on the default device (the CUDA-index-vs-CPU-arange crash)."""
+    adv = torch.tensor([0.0, 1.0, 0.0, -1.0])
+    mbs = [{"advantages": adv[i:i + 2], "row": torch.arange(4)[i:i + 2], "names": ["a", "b"]} for i in (0, 2)]
+    with UnplacedFactories() as record:
+        out = regroup(mbs)
+        assert regroup(out) is None  # the already-in-place comparison runs too
+    assert out is not None and record.calls == []
 
 
 def _train(tmp_path, *, skip: bool, loss_type: str = "dapo"):

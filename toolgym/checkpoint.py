@@ -100,6 +100,7 @@ def write_run_settings(
     max_turn_tokens: int | None = None,
     eval: Mapping[str, Any] | None = None,  # noqa: A002 - the JSON key
     autocast: str | None = None,
+    device: str | None = None,
 ) -> Path:
     """Write ``checkpoint/toolgym_run.json`` atomically; returns its path.
 
@@ -113,12 +114,16 @@ def write_run_settings(
         autocast: the dtype the run generated in under ``torch.autocast`` (``"bfloat16"``), or ``None``: greedy
             decoding in bfloat16 and in float32 can pick different tokens, so an evaluation that should reproduce
             the run's own figures must generate the same way.
+        device: where the producing run's model ran, as :func:`toolgym.placement.describe` states it
+            (``"model on cuda:0, float32"``); a record, not a setting evaluations follow.
     """
     check_autocast(autocast)  # ValueError before anything is written
     d = Path(checkpoint)
     d.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"format": _FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
                             "max_turn_tokens": max_turn_tokens, "eval": dict(eval or {}), "autocast": autocast}
+    if device is not None:
+        data["device"] = device
     text = json.dumps(data, indent=2, sort_keys=True)  # TypeError on anything that is not JSON
     target = d / RUN_SETTINGS_FILE
     tmp = target.with_suffix(".json.tmp")

@@ -232,7 +232,8 @@ def masked_sft(
                 if share == 0:
                     continue
                 with autocast_context(device.type, autocast):
-                    loss = masked_sft_loss(model, ids[mb, :width], attn[mb, :width], target[mb, :width]) * share
+                    loss = masked_sft_loss(model, ids[mb, :width].to(device), attn[mb, :width].to(device),
+                                           target[mb, :width].to(device)) * share
                 loss.backward()
                 loss_total += float(loss.item())
                 del loss

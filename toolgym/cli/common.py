@@ -238,6 +238,7 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(policy, tokenizer)`` for ``--policy``; the tokenizer is what the env must use (``None`` for
     ``oracle``: the env's own default tokenizer)."""
     from toolgym.models import load_model, tiny_random_model
+    from toolgym.placement import describe
     from toolgym.rollout import OpenAIPolicy, TransformersPolicy
 
     spec: str = args.policy
@@ -268,11 +269,26 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
                 ExitCode.INPUT,
             )
         model, tok = load_model(path)
+    model = place_model(model, getattr(args, "device", "auto"))
+    args.placement = describe(model)
     autocast = getattr(args, "autocast", None)
     policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True,
                                 autocast=None if autocast in (None, "none") else autocast,
                                 max_batch_size=getattr(args, "max_batch_size", None))
     return policy, tok
+
+
+def place_model(model: Any, device: str | None) -> Any:
+    """``model`` on ``--device`` (:func:`toolgym.placement.place`), its placement printed to stderr
+    ("model on cuda:0, bfloat16"); :class:`CLIError` (usage) for a device this machine does not have."""
+    from toolgym.placement import DeviceError, place
+
+    try:
+        model, text = place(model, device)
+    except DeviceError as e:
+        raise CLIError(str(e), ExitCode.USAGE) from None
+    print(text, file=sys.stderr)
+    return model
 
 
 def add_ui_arguments(p: argparse.ArgumentParser) -> None:

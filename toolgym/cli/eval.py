@@ -27,6 +27,7 @@ from toolgym.cli.common import (
     report_summary,
     resolve_env_id,
 )
+from toolgym.placement import DEVICE_CHOICES_HELP
 
 __all__ = ["add_parser", "add_run_args", "cmd_eval", "require_oracle"]
 
@@ -41,6 +42,7 @@ def add_run_args(s: argparse.ArgumentParser, *, temperature: float, what: str) -
     s.add_argument("--autocast", choices=["none", "bfloat16", "float16"], default=None,
                    help="local model policies: generate under torch.autocast in this dtype (default: the "
                         "checkpoint's toolgym_run.json, else none = the model's own dtype)")
+    s.add_argument("--device", default="auto", help="local model policies: " + DEVICE_CHOICES_HELP)
     s.add_argument("--schedule", choices=["lockstep", "continuous"], default="lockstep", help="driver schedule")
     s.add_argument("--env-kwarg", action="append", metavar="KEY=VALUE", default=[],
                    help="env constructor argument (repeatable); VALUE is parsed as JSON when it can be")
@@ -160,6 +162,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         venv.close()
     report.env_id = env_id
     table, data = report.format_table(), report.to_dict()
+    if getattr(args, "placement", None):  # local model policies: "model on cuda:0, bfloat16"
+        data["placement"] = args.placement
     if args.json:
         print(table, file=sys.stderr)
         print(json.dumps(data))
@@ -167,5 +171,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(table)
     report_summary(args, "eval", data, documents={"eval.json": data}, artifacts=[args.out] if args.out else [],
                    params={k: data.get(k) for k in ("env_id", "split", "n_tasks", "k", "seed", "policy")}
-                   | {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens})
+                   | {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                      "placement": getattr(args, "placement", None)})
     return ExitCode.OK

@@ -187,6 +187,12 @@ class TransformersPolicy:
             cfg.update(temperature=1.0, top_p=1.0, top_k=0, output_scores=False, output_logits=False)
         elif self.do_sample:
             cfg.update(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        greedy_lps = None
+        if not self.do_sample and self.return_logprobs and not raw:
+            # greedy, processed: the chosen token is the argmax of the scores the last processor sees, so its
+            # log-probability is max - logsumexp, a (B,) per step (not a (B, V) copy of the scores kept per step)
+            greedy_lps = _GreedyLogprobs()
+            cfg.update(output_scores=False)
         gen_config = GenerationConfig(**cfg)
         if self.seed is not None and sampler is None:
             torch.manual_seed(self.seed + self.calls)
@@ -196,7 +202,8 @@ class TransformersPolicy:
             # autocast is per thread: entered here, in the thread that generates, around the whole call (its weight
             # cache then lasts for every decoding step)
             with torch.no_grad(), autocast_context(device.type, self.autocast, self.model):
-                extra: dict[str, Any] = {"logits_processor": [sampler]} if sampler is not None else {}
+                recorder = sampler if sampler is not None else greedy_lps
+                extra: dict[str, Any] = {"logits_processor": [recorder]} if recorder is not None else {}
                 cache = generation_cache(self.model, ids.shape[0], width + max_new, call, reserve=self.reserve_cache,
                                          keep=self.turn_cache is not None)
                 if cache is not None:
@@ -214,6 +221,8 @@ class TransformersPolicy:
         steps = (out.logits if raw else out.scores) if self.return_logprobs else None
         if sampler is not None and self.return_logprobs and sampler.logprobs:
             lps = torch.stack(sampler.logprobs, dim=1).cpu()  # (B, T), in the policy's logprobs_mode
+        elif greedy_lps is not None and greedy_lps.logprobs:
+            lps = torch.stack(greedy_lps.logprobs, dim=1).cpu()  # (B, T), processed
         elif steps:
             # scores: after generate's processors and warpers (processed); logits: the model's own (raw)
             scores = torch.stack([s.float().cpu() for s in steps], dim=1)  # (B, T, V)
@@ -225,6 +234,22 @@ class TransformersPolicy:
             )
             for i, r in enumerate(requests)
         ]
+
+
+class _GreedyLogprobs:
+    """A logits processor, last in greedy generation's list, that records the log-probability of each row's
+    argmax under the scores it sees (the ones greedy decoding picks from): ``(B,)`` float32 per step, on the
+    scores' device, in :attr:`logprobs`. It leaves the scores unchanged."""
+
+    def __init__(self) -> None:
+        self.logprobs: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        x = scores.float()
+        self.logprobs.append(x.amax(dim=-1) - torch.logsumexp(x, dim=-1))
+        return scores
 
 
 class _PerEpisodeSampler:

@@ -139,8 +139,9 @@ class TurnCache:
         if not self._rows:
             self.misses += 1
             return None
-        mask = attention_mask.bool()
-        rows = [input_ids[i][mask[i]].tolist() for i in range(input_ids.shape[0])]
+        mask = attention_mask.bool().cpu()  # one device-to-host copy, not one per row
+        host_ids = input_ids.cpu()
+        rows = [host_ids[i][mask[i]].tolist() for i in range(host_ids.shape[0])]
         lengths = self._lengths()
         keys = [self._find(r, lengths) for r in rows]
         if any(k is None or len(k) >= len(r) for k, r in zip(keys, rows, strict=True)):

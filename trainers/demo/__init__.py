@@ -51,6 +51,7 @@ class DemoConfig:
     output_dir: str = "runs/demo"
     seed: int = 0
     threads: int = 2
+    device: str = "auto"  # where the model runs: auto (the GPU when torch sees one), cpu, cuda, cuda:N
     compact_prompt: bool = True
     # evaluation (held-out: Calculator-v0 "test" split, fixed distinct tasks and seeds, greedy, one batch)
     eval_tasks: int = 100
@@ -139,6 +140,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from toolgym.evaluation import oracle_policy
     from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
+    from toolgym.placement import describe, resolve_device
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from toolgym.trajectory import summarize, write_trajectories
     from trainers import ALGORITHMS
@@ -155,6 +157,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     print("[demo] loading the embedded model (SmolLM2-135M-Instruct) ...", flush=True)
     model, tok = load_model()
+    model = model.to(resolve_device(cfg.device))  # weights stay float32: they are trained (bf16: autocast)
+    print(f"[demo] {describe(model)}", flush=True)
     if cfg.freeze_embeddings:  # SmolLM2 ties it to the LM head: 28.3M of 134.5M parameters stay as loaded
         model.get_input_embeddings().weight.requires_grad_(False)
     pk = prompt_kwargs(cfg.compact_prompt)
@@ -183,6 +187,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         return s, wins, trajs
 
     run_settings = {"env_id": ENV_ID, "env_kwargs": pk, "max_turn_tokens": cfg.max_turn_tokens, "autocast": autocast,
+                    "device": describe(model),
                     "eval": {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed,  # toolgym_run.json
                              "num_envs": len(eval_tasks), "batch_size": cfg.eval_batch_size or len(eval_tasks)}}
     metrics: dict[str, Any] = {

@@ -67,7 +67,10 @@ def regroup(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     of one item per row, 0-d tensors and ``None``, every micro-batch with the same number of rows) laid out again
     so that the rows with a non-zero advantage come first, then those without (each part in its current order),
     in as many micro-batches of the same size. ``None`` (leave them as they are) when there is nothing to move or
-    the batch holds something else (e.g. a vision model's per-image pixel values)."""
+    the batch holds something else (e.g. a vision model's per-image pixel values).
+
+    Every index is made on the device of the advantages it is computed from and moved to the device of each tensor
+    it selects from, so the batch may live on any device (a GPU's, with CPU-side lists alongside)."""
     if len(micro_batches) < 2:
         return None
     keys = list(micro_batches[0])
@@ -89,8 +92,9 @@ def regroup(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             return None
     zero = _zero_rows(merged["advantages"])
     order = torch.cat([torch.nonzero(~zero).flatten(), torch.nonzero(zero).flatten()])
-    if bool((order == torch.arange(len(order))).all()):
+    if bool((order == torch.arange(len(order), device=order.device)).all()):
         return None
+    positions = order.tolist()  # one device-to-host copy for the per-row lists, not one per row
     out: list[dict[str, Any]] = []
     for k in range(len(micro_batches)):
         idx = order[k * rows[0]: (k + 1) * rows[0]]
@@ -101,7 +105,7 @@ def regroup(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
             elif isinstance(value, torch.Tensor):
                 mb[key] = value[idx.to(value.device)]
             else:
-                mb[key] = [value[int(i)] for i in idx]
+                mb[key] = [value[i] for i in positions[k * rows[0]: (k + 1) * rows[0]]]
         out.append(mb)
     return out
 

@@ -52,11 +52,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
+from toolgym.placement import DEVICE_CHOICES_HELP, DeviceError, resolve_device
 from toolgym.rollout.types import DEFAULT_LOGPROBS_MODE, LOGPROBS_MODES, check_logprobs_mode
 from toolgym.serve.model.engine import SamplingParams, adjust_logits
 from toolgym.serve.model.protocol import (
@@ -116,11 +118,14 @@ def run(
     tool_call_parser: str | None = None,
     logprobs_mode: str = DEFAULT_LOGPROBS_MODE,
     token: str | None = None,
+    device: str | None = "auto",
 ) -> None:
-    """Load ``model`` (see :func:`load`) and serve it until interrupted (blocking). A non-loopback ``host`` needs
-    ``token``, which every request then carries as ``Authorization: Bearer`` (:mod:`toolgym.serve.access`)."""
+    """Load ``model`` (see :func:`load`), place it on ``device`` (:func:`toolgym.placement.place`: ``auto``,
+    ``cpu``, ``cuda[:N]``) and serve it until interrupted (blocking). A non-loopback ``host`` needs ``token``, which
+    every request then carries as ``Authorization: Bearer`` (:mod:`toolgym.serve.access`)."""
     import torch
 
+    from toolgym.placement import place
     from toolgym.serve import access
 
     access.check_bind(host, token, what="serve model", env=access.SERVE_TOKEN_ENV)
@@ -128,6 +133,8 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     m, tok, name = load(model)
+    m, placement = place(m, device)
+    print(f"toolgym serve model: {placement}", flush=True)
     server = ModelServer(
         m,
         tok,
@@ -162,6 +169,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--default-max-tokens", type=int, default=256, help="chat max_tokens when a request sets none")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    p.add_argument("--device", default="auto", help=DEVICE_CHOICES_HELP)
     from toolgym.format.parsers import list_parsers
 
     p.add_argument(
@@ -188,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     token = read_token(args.token_file, SERVE_TOKEN_ENV)
     check_bind(args.host, token, what="serve model", env=SERVE_TOKEN_ENV)  # CLIError (exit 2) before loading
+    try:
+        resolve_device(args.device)  # before the model loads: a GPU this machine does not have is a usage error
+    except DeviceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO)
     run(
         args.host,
@@ -200,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool_call_parser=args.tool_call_parser,
         logprobs_mode=args.logprobs_mode,
         token=token,
+        device=args.device,
     )
     return 0
 

@@ -197,10 +197,14 @@ class _Engine:
                 g.manual_seed(s.params.seed + s.sample_index if s.params.seed is not None else secrets.randbits(62))
                 gens.append(g)
             b = len(seqs)
+            # the model runs on its own device; each step's last logits come to the CPU in one copy, where the
+            # per-request samplers (seeded CPU generators, logit processors) run
+            device = next(self.model.parameters()).device
             ids, mask = left_pad([s.prompt_ids for s in seqs], self.pad_id)
+            ids, mask = ids.to(device), mask.to(device)
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self._keep)
-            past, logits = out.past_key_values, out.logits[:, -1, :]
+            past, logits = out.past_key_values, out.logits[:, -1, :].cpu()
             last_pos = pos[:, -1]
             active = [True] * b
             for _ in range(max(s.params.max_tokens for s in seqs)):
@@ -219,16 +223,16 @@ class _Engine:
                         self._release(s)
                 if not any(active):
                     break
-                mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+                mask = torch.cat([mask, torch.ones((b, 1), dtype=torch.long, device=device)], dim=1)
                 last_pos = last_pos + 1
                 out = self.model(
-                    input_ids=torch.tensor(nxt, dtype=torch.long).view(b, 1),
+                    input_ids=torch.tensor(nxt, dtype=torch.long, device=device).view(b, 1),
                     attention_mask=mask,
                     position_ids=last_pos.view(b, 1),
                     past_key_values=past,
                     use_cache=True,
                 )
-                past, logits = out.past_key_values, out.logits[:, -1, :]
+                past, logits = out.past_key_values, out.logits[:, -1, :].cpu()
 
     def _sample(self, logits: Any, raw: Any, s: _Seq, gen: Any) -> int:
         """Sample one token for ``s`` from its ``logits`` row (``raw``: the row's log-softmax)."""
