@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
 from toolgym.cli_common import add_ui_arguments
 from toolgym.errors import CLIError, ExitCode
@@ -39,6 +39,11 @@ from trainers.ui.playground import ToolPlayground, UIError, reward_library, scor
 __all__ = ["build_app", "build_parser", "check_bind", "main"]
 
 PAGE = Path(__file__).resolve().parent / "page.html"
+SCRIPT = PAGE.with_name("page.js")
+#: the UI pages' Content-Security-Policy: scripts only from the UI's own static file (no inline script, no
+#: script a page's data could smuggle in), nothing loaded from elsewhere
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
 COOKIE = "toolgym_ui_token"
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -190,6 +195,7 @@ def build_app(ui: UI) -> Any:
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Referrer-Policy"] = "no-referrer"  # a token in a URL never leaves in a Referer
         resp.headers["X-Frame-Options"] = "SAMEORIGIN"
+        resp.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         return resp
 
     @app.exception_handler(UIError)
@@ -212,6 +218,10 @@ def build_app(ui: UI) -> Any:
     @app.get("/", response_class=HTMLResponse)
     def page() -> Any:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    @app.get("/static/page.js")
+    def page_js() -> Any:
+        return Response(SCRIPT.read_text(encoding="utf-8"), media_type="text/javascript; charset=utf-8")
 
     @app.get("/api/info")
     def info() -> Any:
@@ -320,7 +330,7 @@ def build_app(ui: UI) -> Any:
 
     @app.get("/view", response_class=HTMLResponse)
     def view(file: str, compare: str | None = None) -> Any:
-        from toolgym.viewer import TrajectoryFileError, load_trajectory_rows, render_html
+        from toolgym.viewer import TrajectoryFileError, content_security_policy, load_trajectory_rows, render_html
 
         a = C.inside(ui.runs, file, what="trajectory file")
         b = C.inside(ui.runs, compare, what="trajectory file") if compare else None
@@ -330,9 +340,12 @@ def build_app(ui: UI) -> Any:
         except (TrajectoryFileError, ValueError, OSError) as e:
             raise UIError(str(e)) from None
         title = a.name if b is None else f"{a.name} vs {b.name}"
-        return HTMLResponse(render_html(rows[:5000], tokenizer=None, title=title,
-                                        compare=None if other is None else other[:5000],
-                                        labels=(a.parent.name or "A", b.parent.name if b is not None else "B")))
+        page = render_html(rows[:5000], tokenizer=None, title=title, compare=None if other is None else other[:5000],
+                           labels=(a.parent.name or "A", b.parent.name if b is not None else "B"))
+        # the viewer's own policy (its one script, by hash) in a sandbox of its own: even a script that got in
+        # would run in an opaque origin, without the UI's cookie or same-origin access to its API
+        csp = content_security_policy() + "; sandbox allow-scripts; frame-ancestors 'self'"
+        return HTMLResponse(page, headers={"Content-Security-Policy": csp})
 
     # -- evaluate and registry --
     @app.post("/api/eval/launch")

@@ -1,0 +1,239 @@
+"use strict";
+const $ = s => document.querySelector(s);
+const esc = s => String(s ?? "").replace(/[&<>"']/g, c => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c]));
+async function api(path, body) {
+  const opt = body === undefined ? {} : {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)};
+  let r;
+  try { r = await fetch(path, opt); } catch (e) { throw new Error("the UI server is not answering: " + e.message); }
+  const text = await r.text();
+  let data; try { data = JSON.parse(text); } catch (e) { data = {error: text}; }
+  if (!r.ok) throw new Error(data.error || data.detail && JSON.stringify(data.detail) || ("HTTP " + r.status));
+  return data;
+}
+function fill(sel, items, keep) {
+  const old = keep ? sel.value : null;
+  sel.innerHTML = items.map(x => `<option value="${esc(x.value ?? x)}">${esc(x.label ?? x)}</option>`).join("");
+  if (old && [...sel.options].some(o => o.value === old)) sel.value = old;
+}
+function guard(errEl, fn) {
+  return async (...a) => { errEl.textContent = ""; try { await fn(...a); } catch (e) { errEl.textContent = e.message; } };
+}
+let INFO = null;
+document.querySelectorAll("nav button").forEach(b => b.onclick = () => {
+  document.querySelectorAll("nav button").forEach(x => x.classList.toggle("on", x === b));
+  document.querySelectorAll("section.page").forEach(p => p.classList.toggle("on", p.id === "page-" + b.dataset.page));
+  if (b.dataset.page === "runs") loadRuns(); if (b.dataset.page !== "tools") refreshFiles();
+});
+async function refreshFiles() {
+  const [j, m, e] = await Promise.all(["jsonl", "model", "eval"].map(k => api("/api/files?kind=" + k).then(d => d.files)));
+  fill($("#rw-file"), j, true); fill($("#view-file"), j, true); fill($("#view-compare"), ["", ...j], true);
+  fill($("#ev-ckpt"), ["oracle", "tiny", "embedded", ...m], true); fill($("#rg-ckpt"), m, true);
+  fill($("#rg-eval"), ["", ...e], true);
+}
+// ---- curves ----
+const COLORS = ["#2a5bd7", "#d7552a", "#1e7a34", "#8a2ad7", "#b38f00", "#0097a7", "#c2185b"];
+function drawCurves(svg, series, title) {
+  const W = +svg.getAttribute("width"), H = +svg.getAttribute("height"), L = 44, R = 150, T = 22, B = 26;
+  const pts = series.flatMap(s => s.points);
+  let h = `<text x="${L}" y="15" font-size="12" font-weight="600">${esc(title)}</text>`;
+  if (!pts.length) { svg.innerHTML = h + `<text x="${L}" y="${H / 2}" font-size="12" fill="#667">no data yet</text>`; return; }
+  const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
+  let x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(0, ...ys), y1 = Math.max(...ys);
+  if (x1 === x0) x1 = x0 + 1; if (y1 === y0) y1 = y0 + 1;
+  const X = x => L + (x - x0) / (x1 - x0) * (W - L - R), Y = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
+  h += `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#999"/><line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#999"/>`;
+  h += `<text x="${L - 4}" y="${Y(y1) + 4}" font-size="10" text-anchor="end">${+y1.toPrecision(3)}</text><text x="${L - 4}" y="${Y(y0)}" font-size="10" text-anchor="end">${+y0.toPrecision(3)}</text>`;
+  h += `<text x="${L}" y="${H - 8}" font-size="10">step ${x0}</text><text x="${W - R}" y="${H - 8}" font-size="10" text-anchor="end">${x1}</text>`;
+  series.forEach((s, k) => {
+    const c = COLORS[k % COLORS.length], p = s.points.map(q => `${X(q[0]).toFixed(1)},${Y(q[1]).toFixed(1)}`).join(" ");
+    h += `<polyline class="curve" data-name="${esc(s.name)}" fill="none" stroke="${c}" stroke-width="2" points="${p}"/>`;
+    h += s.points.map(q => `<circle cx="${X(q[0]).toFixed(1)}" cy="${Y(q[1]).toFixed(1)}" r="2.5" fill="${c}"/>`).join("");
+    h += `<rect x="${W - R + 8}" y="${T + k * 16}" width="10" height="10" fill="${c}"/><text x="${W - R + 22}" y="${T + k * 16 + 9}" font-size="11">${esc(s.name.slice(0, 22))}</text>`;
+  });
+  svg.innerHTML = h;
+}
+// ---- tools ----
+function showTools(d) {
+  $("#tools-source").textContent = d.source ? "(" + d.source + ")" : "";
+  $("#tools-list tbody").innerHTML = d.tools.map(t => `<tr class="tool" data-name="${esc(t.name)}"><td><b>${esc(t.name)}</b></td><td>${esc(t.description)}</td><td><pre>${esc(JSON.stringify(t.parameters, null, 1))}</pre></td></tr>`).join("");
+  fill($("#call-tool"), d.tools.map(t => t.name));
+}
+$("#env-load").onclick = guard($("#tools-error"), async () => {
+  $("#tools-source").textContent = "(loading...)";
+  showTools(await api("/api/tools/load", {env: $("#env-custom").value.trim() || $("#env-select").value}));
+});
+$("#mcp-file").onchange = async e => { const f = e.target.files[0]; if (f) $("#mcp-config").value = await f.text(); };
+$("#mcp-load").onclick = guard($("#tools-error"), async () => {
+  $("#tools-source").textContent = "(starting servers...)";
+  showTools(await api("/api/tools/load", {config: $("#mcp-config").value}));
+});
+$("#call-run").onclick = guard($("#tools-error"), async () => {
+  $("#call-result").innerHTML = "";
+  const r = await api("/api/tools/call", {name: $("#call-tool").value, arguments: $("#call-args").value});
+  $("#call-result").innerHTML = `<div class="row"><span id="call-kind" class="${r.error_kind ? "err" : "ok"}">${r.error_kind ? "error: " + esc(r.error_kind) : "ok"}</span><span class="help">${(r.latency_s * 1000).toFixed(1)} ms, ${r.attempts} attempt(s)</span></div><pre id="call-content">${esc(r.content)}</pre>`;
+});
+// ---- rewards ----
+function rewardRows() {
+  $("#rw-parts tbody").innerHTML = INFO.rewards.map((r, k) => `<tr data-name="${esc(r.name)}"><td><input type="checkbox" class="rw-use" ${k < 2 || r.per_turn ? "checked" : ""}></td><td><b>${esc(r.name)}</b>${r.per_turn ? ' <span class="badge">per turn</span>' : ""}</td><td><input class="rw-weight" size="5" value="${r.per_turn ? 0.5 : 1}"></td><td>${r.has_field ? '<input class="rw-field" size="14" placeholder="default">' : ""}</td><td class="help">${esc(r.help)}</td></tr>`).join("");
+}
+$("#rw-upload").onchange = guard($("#rw-error"), async e => {
+  const f = e.target.files[0]; if (!f) return;
+  if (f.size > INFO.max_upload) throw new Error(`${f.name} is ${f.size} bytes; uploads are limited to ${INFO.max_upload}`);
+  const d = await api("/api/upload", {name: f.name, content: await f.text()});
+  await refreshFiles(); $("#rw-file").value = d.path;
+});
+$("#rw-run").onclick = guard($("#rw-error"), async () => {
+  const parts = [...document.querySelectorAll("#rw-parts tbody tr")].filter(tr => tr.querySelector(".rw-use").checked).map(tr => ({
+    name: tr.dataset.name, weight: tr.querySelector(".rw-weight").value, field: tr.querySelector(".rw-field")?.value || ""}));
+  $("#rw-out").innerHTML = "scoring...";
+  const d = await api("/api/rewards/score", {file: $("#rw-file").value, parts});
+  const names = Object.keys(d.weights);
+  let h = `<div class="help">${d.shown} of ${d.n} episodes; total = ${names.map(n => d.weights[n] + " x " + n).join(" + ")}</div>`;
+  h += `<table id="rw-table"><thead><tr><th>episode</th><th>task</th><th class="num">total</th>${names.map(n => `<th class="num">${esc(n)}</th>`).join("")}<th>per turn</th><th>answer</th></tr></thead><tbody>`;
+  for (const e of d.episodes) {
+    const turns = e.turns.map(t => `t${t.turn}: ${t.value.toFixed(2)}`).join(", ");
+    h += `<tr class="rw-ep"><td>${e.episode}</td><td>${esc(e.task)}</td><td class="num">${e.value.toFixed(3)}</td>${names.map(n => `<td class="num">${n in e.components ? e.components[n].toFixed(3) : "-"}</td>`).join("")}<td class="help">${esc(turns)}</td><td>${esc(e.answer)}</td></tr>`;
+  }
+  $("#rw-out").innerHTML = h + "</tbody></table>";
+});
+// ---- train ----
+let JOB = null;
+async function trainConfig() {
+  const d = await api("/api/train/config?name=" + encodeURIComponent($("#train-config").value));
+  if (d.algorithm) $("#train-algo").value = d.algorithm;
+  // runs are tracked in the UI's MLflow store by default (the Runs page reads it): report_to starts as [mlflow]
+  const value = f => f.key === "report_to" && !/mlflow/.test(f.value) ? "[mlflow]" : f.value;
+  $("#train-fields tbody").innerHTML = d.fields.filter(f => !["output_dir", "toolgym.trajectory_dir"].includes(f.key)).map(f =>
+    `<tr><td><code>${esc(f.key)}</code></td><td><input class="tf" data-key="${esc(f.key)}" data-orig="${esc(f.value)}" value="${esc(value(f))}" size="16"></td><td class="help">${esc(f.help)}</td></tr>`).join("");
+  if (!$("#train-name").value) $("#train-name").value = $("#train-config").value.replace(/\.yaml$/, "");
+  trainCommand();
+}
+function trainRequest() {
+  const overrides = {};
+  document.querySelectorAll("#train-fields .tf").forEach(i => { if (i.value !== i.dataset.orig) overrides[i.dataset.key] = i.value; });
+  for (const line of $("#train-extra").value.split("\n")) {
+    if (!line.trim()) continue;
+    const k = line.indexOf("=");
+    if (k < 1) throw new Error(`"${line}": more fields are name=value`);
+    overrides[line.slice(0, k).trim().replace(/^--/, "")] = line.slice(k + 1).trim();
+  }
+  return {algorithm: $("#train-algo").value, config: $("#train-config").value, run_name: $("#train-name").value, overrides};
+}
+async function allFields() {
+  const d = await api("/api/train/fields?algorithm=" + encodeURIComponent($("#train-algo").value));
+  $("#train-all-fields tbody").innerHTML = d.fields.map(f => `<tr><td><a href="#" class="add-field" data-key="${esc(f.key)}"><code>${esc(f.key)}</code></a></td><td class="help">${esc(f.help)}</td></tr>`).join("");
+  document.querySelectorAll(".add-field").forEach(a => a.onclick = ev => {
+    ev.preventDefault(); const t = $("#train-extra");
+    t.value = (t.value && !t.value.endsWith("\n") ? t.value + "\n" : t.value) + a.dataset.key + "="; t.focus(); });
+}
+$("#train-all").addEventListener("toggle", () => { if ($("#train-all").open) guard($("#train-error"), allFields)(); });
+const trainCommand = guard($("#train-error"), async () => { $("#train-command").textContent = (await api("/api/train/command", trainRequest())).command; });
+$("#train-config").onchange = guard($("#train-error"), trainConfig);
+["#train-name", "#train-extra"].forEach(s => $(s).onchange = trainCommand);
+$("#train-algo").onchange = () => { trainCommand(); if ($("#train-all").open) guard($("#train-error"), allFields)(); };
+$("#train-fields").addEventListener("change", trainCommand);
+$("#train-launch").onclick = guard($("#train-error"), async () => { const j = await api("/api/train/launch", trainRequest()); JOB = j.id; await refreshJobs(); await showJob(); });
+async function refreshJobs() {
+  const d = await api("/api/jobs");
+  $("#jobs tbody").innerHTML = d.jobs.map(j => `<tr class="job ${j.id === JOB ? "sel" : ""}" data-id="${esc(j.id)}"><td><a href="#" class="job-link">${esc(j.title)}</a><div class="help">${esc(j.id)}</div></td><td>${esc(j.kind)}</td><td><span class="badge ${esc(j.status)}">${esc(j.status)}</span></td><td>${j.rc ?? ""}</td></tr>`).join("");
+  document.querySelectorAll("#jobs .job-link").forEach(a => a.onclick = ev => { ev.preventDefault(); JOB = a.closest("tr").dataset.id; refreshJobs(); showJob(); });
+  if (!JOB && d.jobs.length) { JOB = d.jobs[0].id; }
+}
+async function showJob() {
+  if (!JOB) return;
+  const j = await api("/api/jobs/" + JOB);
+  $("#job-id").textContent = j.title + " (" + j.id + ")";
+  $("#job-status").textContent = j.status; $("#job-status").className = "badge " + j.status;
+  $("#job-command").textContent = j.command || "";
+  $("#job-stop").disabled = !["running", "starting"].includes(j.status);
+  const m = j.metrics || [], maxSteps = (j.command || "").match(/--max_steps (\d+)/);
+  $("#job-progress").textContent = m.length ? `step ${m.length}${maxSteps ? " of " + maxSteps[1] : ""}` : "";
+  const ser = keys => keys.filter(k => m.some(r => k in r)).map(k => ({name: k, points: m.filter(r => k in r).map(r => [r.step, r[k]])}));
+  drawCurves($("#job-curves"), ser(["reward", "toolgym/success", "toolgym/tool_call_rate", "loss"]), "reward and success");
+  const errKeys = [...new Set(m.flatMap(r => Object.keys(r).filter(k => k.startsWith("toolgym/errors/"))))];
+  drawCurves($("#job-errors"), ser(errKeys).map(s => ({...s, name: s.name.replace("toolgym/errors/", "")})), "tool errors by kind");
+  $("#job-error").textContent = j.error ? "last error lines:\n" + j.error : "";
+  const log = $("#job-log"), atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 20;
+  log.textContent = j.log || ""; if (atEnd) log.scrollTop = log.scrollHeight;
+  if (j.kind === "eval" && j.summary) showEval(j);
+}
+$("#job-stop").onclick = guard($("#job-error"), async () => { await api("/api/jobs/" + JOB + "/stop", {}); await showJob(); });
+setInterval(async () => {
+  const page = document.querySelector("section.page.on").id;
+  if (page !== "page-train" && page !== "page-registry") return;
+  try { await refreshJobs(); await showJob(); } catch (e) { /* shown on the next action */ }
+}, 2000);
+// ---- runs ----
+let RUNS = [];
+async function loadRuns() {
+  try {
+    const ticked = new Set([...document.querySelectorAll(".run-pick:checked")].map(c => c.closest("tr").dataset.id));
+    const d = await api("/api/runs"); RUNS = d.runs; $("#runs-error").textContent = "";
+    $("#runs-table tbody").innerHTML = RUNS.map(r => `<tr data-id="${esc(r.id)}"><td><input type="checkbox" class="run-pick"></td><td>${esc(r.name)}<div class="help">${esc(r.id.slice(0, 12))}</div></td><td>${esc(r.experiment)}</td><td>${esc(r.status)}</td><td class="num">${r.metrics.reward?.toFixed?.(3) ?? ""}</td><td class="num">${r.metrics["toolgym/success"]?.toFixed?.(3) ?? ""}</td></tr>`).join("") || `<tr><td colspan="6" class="help">no runs yet in ${esc(d.tracking_uri)}</td></tr>`;
+    document.querySelectorAll(".run-pick").forEach(c => { c.checked = ticked.has(c.closest("tr").dataset.id); c.onchange = drawRuns; });
+  } catch (e) { $("#runs-error").textContent = e.message; }
+}
+$("#runs-refresh").onclick = loadRuns; $("#runs-metric").onchange = () => drawRuns();
+async function drawRuns() {
+  const ids = [...document.querySelectorAll(".run-pick:checked")].map(c => c.closest("tr").dataset.id), metric = $("#runs-metric").value;
+  try {
+    const hist = await Promise.all(ids.map(id => api(`/api/runs/${id}/metrics`)));
+    const byId = Object.fromEntries(RUNS.map(r => [r.id, r]));
+    drawCurves($("#runs-curves"), ids.map((id, k) => ({name: byId[id].name || id.slice(0, 8), points: hist[k].metrics[metric] || []})), metric);
+    const two = ids.slice(0, 2).map(id => byId[id]);
+    if (two.length < 2) { $("#runs-compare").innerHTML = '<tr><td class="help">tick two runs</td></tr>'; return; }
+    const keys = [...new Set(two.flatMap(r => [...Object.keys(r.metrics).map(k => "metric " + k), ...Object.keys(r.params).map(k => "param " + k)]))].sort();
+    const val = (r, k) => k.startsWith("metric ") ? r.metrics[k.slice(7)]?.toFixed?.(4) : r.params[k.slice(6)];
+    $("#runs-compare").innerHTML = `<thead><tr><th></th><th>${esc(two[0].name)}</th><th>${esc(two[1].name)}</th></tr></thead>` + keys.map(k => {
+      const a = val(two[0], k), b = val(two[1], k); return `<tr${a !== b ? ' class="sel"' : ""}><td>${esc(k)}</td><td>${esc(a ?? "")}</td><td>${esc(b ?? "")}</td></tr>`; }).join("");
+  } catch (e) { $("#runs-error").textContent = e.message; }
+}
+$("#view-open").onclick = guard($("#view-error"), async () => {
+  const q = "file=" + encodeURIComponent($("#view-file").value) + ($("#view-compare").value ? "&compare=" + encodeURIComponent($("#view-compare").value) : "");
+  const r = await fetch("/view?" + q);
+  if (!r.ok) { const t = await r.text(); let m = t; try { m = JSON.parse(t).error; } catch (e) {} throw new Error(m); }
+  $("#viewer").src = "/view?" + q;
+});
+// ---- evaluate and registry ----
+function showEval(j) {
+  const s = j.summary, ci = s.success_ci95 || [];
+  $("#ev-summary").innerHTML = `<div class="ok" id="ev-result">success ${(s.success * 100).toFixed(1)}% (95% CI ${(ci[0] * 100).toFixed(1)}-${(ci[1] * 100).toFixed(1)}%) on ${s.n_tasks} tasks of ${esc(s.env_id)}/${esc(s.split)}</div><div class="help">saved as ${esc(j.eval_json)}</div>`;
+}
+$("#ev-launch").onclick = guard($("#ev-error"), async () => {
+  $("#ev-summary").innerHTML = "";
+  const j = await api("/api/eval/launch", {checkpoint: $("#ev-ckpt").value, env: $("#ev-env").value, split: $("#ev-split").value, tasks: $("#ev-tasks").value, name: $("#ev-name").value});
+  JOB = j.id; $("#ev-summary").innerHTML = `<div class="help">job ${esc(j.id)} started: <code>${esc(j.command)}</code></div>`;
+});
+function registryResult(el, r, okText) {
+  el.innerHTML = r.ok ? `<div class="ok">${okText(r.result)}</div><div class="help"><code>${esc(r.command)}</code></div>`
+    : `<div class="err refused">${esc(r.error || "failed (exit " + r.rc + ")")}</div><div class="help">exit ${r.rc}: <code>${esc(r.command)}</code></div>`;
+}
+$("#rg-register").onclick = guard($("#rg-result"), async () => {
+  $("#rg-result").textContent = "registering...";
+  const r = await api("/api/registry/register", {checkpoint: $("#rg-ckpt").value, name: $("#rg-name").value, eval: $("#rg-eval").value});
+  registryResult($("#rg-result"), r, x => `registered ${esc(x.name)} v${esc(x.version)}` + (x.success == null ? "" : `, success ${x.success.toFixed(3)}`));
+  if (r.ok) { $("#pr-name").value = r.result.name; $("#pr-version").value = r.result.version; }
+});
+$("#pr-promote").onclick = guard($("#pr-result"), async () => {
+  $("#pr-result").textContent = "comparing...";
+  const r = await api("/api/registry/promote", {name: $("#pr-name").value, version: $("#pr-version").value, force: $("#pr-force").checked, reason: $("#pr-reason").value});
+  registryResult($("#pr-result"), r, x => x.promoted ? `promoted: champion is now v${x.to}` + (x.forced ? " (forced: " + esc(x.reason) + ")" : "") + ` (${esc(x.why)})` : `unchanged: ${esc(x.why)}`);
+});
+$("#rg-list").onclick = guard($("#pr-result"), async () => {
+  const r = await api("/api/registry/list", {name: $("#pr-name").value});
+  if (!r.ok) { registryResult($("#pr-result"), r, () => ""); return; }
+  const cols = ["version", "aliases", "success", "env_id", "split", "n_tasks"];
+  $("#rg-versions").innerHTML = `<thead><tr>${cols.map(c => `<th>${c}</th>`).join("")}</tr></thead>` + r.result.map(v => `<tr>${cols.map(c => `<td>${esc(Array.isArray(v[c]) ? v[c].join(",") : v[c])}</td>`).join("")}</tr>`).join("");
+});
+// ---- start ----
+(async () => {
+  try {
+    INFO = await api("/api/info");
+    $("#runs-dir").textContent = INFO.runs; $("#tracking-uri").textContent = INFO.tracking_uri;
+    fill($("#env-select"), INFO.envs); fill($("#ev-env"), INFO.envs);
+    fill($("#train-algo"), INFO.algorithms);
+    fill($("#train-config"), INFO.configs.map(c => ({value: c.name, label: c.name + (c.algorithm ? "" : " (any)")})));
+    const g = INFO.configs.find(c => c.name.startsWith("grpo")); if (g) $("#train-config").value = g.name;
+    rewardRows(); await refreshFiles(); await trainConfig(); await refreshJobs(); await showJob();
+  } catch (e) { document.body.insertAdjacentHTML("afterbegin", `<div class="err" id="fatal">${esc(e.message)}</div>`); }
+})();
