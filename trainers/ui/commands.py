@@ -214,9 +214,23 @@ def _flow(v: Any) -> str:
     return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
-def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, Any], run_name: str) -> list[str]:
+def free_run_name(runs: Path, base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``, ...: the first name whose ``<runs>/<name>`` does not exist yet."""
+    base = re.sub(r"[^A-Za-z0-9_.-]", "-", base).strip(".-")[:56] or "run"
+    name, k = base, 1
+    while (runs / name).exists():
+        k += 1
+        name = f"{base}-{k}"
+    return name
+
+
+def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, Any], run_name: str, *,
+               fresh: bool = False) -> list[str]:
     """``toolgym train ALGO --config FILE --key value ...`` with the output (and GRPO's trajectories) under
-    ``<runs>/<run_name>``. Keys are dotted identifiers; values are single arguments (never split, never a shell)."""
+    ``<runs>/<run_name>``, and the run named ``run_name`` in the tracker (``--run_name``, where the algorithm has
+    it, unless a field sets it). Keys are dotted identifiers; values are single arguments (never split, never a
+    shell). With ``fresh``, an output directory that already holds files is refused (a launch never writes over
+    another run's checkpoints)."""
     if algorithm not in algorithms():
         raise UIError(f"unknown algorithm {algorithm!r}; one of {', '.join(algorithms())}")
     path = _config_path(config)
@@ -234,6 +248,11 @@ def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, 
             raise UIError(f"--{key}: a value may not start with '--'")
         argv += [f"--{key}", text]
     out = inside(runs, run_name, must_exist=False, what="output directory")
+    if fresh and out.is_dir() and any(out.iterdir()):
+        raise UIError(f"run name {run_name!r} is taken: {out} already holds a run; pick another name "
+                      f"(e.g. {free_run_name(runs, run_name)!r})")
+    if "run_name" not in overrides and "run_name" in field_helps(algorithm):
+        argv += ["--run_name", run_name]
     argv += [f"--{out_key}", str(out)]
     if traj_key is not None:
         argv += [f"--{traj_key}", str(out / "trajectories")]

@@ -58,15 +58,16 @@ function showTools(d) {
   $("#tools-list tbody").innerHTML = d.tools.map(t => `<tr class="tool" data-name="${esc(t.name)}"><td><b>${esc(t.name)}</b></td><td>${esc(t.description)}</td><td><pre>${esc(JSON.stringify(t.parameters, null, 1))}</pre></td></tr>`).join("");
   fill($("#call-tool"), d.tools.map(t => t.name));
 }
-$("#env-load").onclick = guard($("#tools-error"), async () => {
-  $("#tools-source").textContent = "(loading...)";
-  showTools(await api("/api/tools/load", {env: $("#env-custom").value.trim() || $("#env-select").value}));
+// a failed load leaves nothing of the previous source listed (the server dropped it too) and says so
+const loadTools = body => guard($("#tools-error"), async () => {
+  try { showTools(await api("/api/tools/load", body())); }
+  catch (e) { showTools({source: "", tools: []}); $("#tools-source").textContent = "(load failed)"; throw e; }
 });
+$("#env-load").onclick = () => { $("#tools-source").textContent = "(loading...)";
+  return loadTools(() => ({env: $("#env-custom").value.trim() || $("#env-select").value}))(); };
 $("#mcp-file").onchange = async e => { const f = e.target.files[0]; if (f) $("#mcp-config").value = await f.text(); };
-$("#mcp-load").onclick = guard($("#tools-error"), async () => {
-  $("#tools-source").textContent = "(starting servers...)";
-  showTools(await api("/api/tools/load", {config: $("#mcp-config").value}));
-});
+$("#mcp-load").onclick = () => { $("#tools-source").textContent = "(starting servers...)";
+  return loadTools(() => ({config: $("#mcp-config").value}))(); };
 $("#call-run").onclick = guard($("#tools-error"), async () => {
   $("#call-result").innerHTML = "";
   const r = await api("/api/tools/call", {name: $("#call-tool").value, arguments: $("#call-args").value});
@@ -88,7 +89,8 @@ $("#rw-run").onclick = guard($("#rw-error"), async () => {
   $("#rw-out").innerHTML = "scoring...";
   const d = await api("/api/rewards/score", {file: $("#rw-file").value, parts});
   const names = Object.keys(d.weights);
-  let h = `<div class="help">${d.shown} of ${d.n} episodes; total = ${names.map(n => d.weights[n] + " x " + n).join(" + ")}</div>`;
+  let h = (d.warnings || []).map(w => `<div class="caution rw-warning">${esc(w)}</div>`).join("");
+  h += `<div class="help">${d.shown} of ${d.n} episodes; total = ${names.map(n => d.weights[n] + " x " + n).join(" + ")}</div>`;
   h += `<table id="rw-table"><thead><tr><th>episode</th><th>task</th><th class="num">total</th>${names.map(n => `<th class="num">${esc(n)}</th>`).join("")}<th>per turn</th><th>answer</th></tr></thead><tbody>`;
   for (const e of d.episodes) {
     const turns = e.turns.map(t => `t${t.turn}: ${t.value.toFixed(2)}`).join(", ");
@@ -105,7 +107,10 @@ async function trainConfig() {
   const value = f => f.key === "report_to" && !/mlflow/.test(f.value) ? "[mlflow]" : f.value;
   $("#train-fields tbody").innerHTML = d.fields.filter(f => !["output_dir", "toolgym.trajectory_dir"].includes(f.key)).map(f =>
     `<tr><td><code>${esc(f.key)}</code></td><td><input class="tf" data-key="${esc(f.key)}" data-orig="${esc(f.value)}" value="${esc(value(f))}" size="16"></td><td class="help">${esc(f.help)}</td></tr>`).join("");
-  if (!$("#train-name").value) $("#train-name").value = $("#train-config").value.replace(/\.yaml$/, "");
+  if (!$("#train-name").value || $("#train-name").dataset.auto === "1") {  // a free name: never another run's
+    $("#train-name").value = (await api("/api/train/run_name?base=" + encodeURIComponent($("#train-config").value.replace(/\.yaml$/, "")))).run_name;
+    $("#train-name").dataset.auto = "1";
+  }
   trainCommand();
 }
 function trainRequest() {
@@ -130,9 +135,14 @@ $("#train-all").addEventListener("toggle", () => { if ($("#train-all").open) gua
 const trainCommand = guard($("#train-error"), async () => { $("#train-command").textContent = (await api("/api/train/command", trainRequest())).command; });
 $("#train-config").onchange = guard($("#train-error"), trainConfig);
 ["#train-name", "#train-extra"].forEach(s => $(s).onchange = trainCommand);
+$("#train-name").addEventListener("input", () => { $("#train-name").dataset.auto = ""; });
 $("#train-algo").onchange = () => { trainCommand(); if ($("#train-all").open) guard($("#train-error"), allFields)(); };
 $("#train-fields").addEventListener("change", trainCommand);
-$("#train-launch").onclick = guard($("#train-error"), async () => { const j = await api("/api/train/launch", trainRequest()); JOB = j.id; await refreshJobs(); await showJob(); });
+$("#train-launch").onclick = guard($("#train-error"), async () => {
+  const j = await api("/api/train/launch", trainRequest()); JOB = j.id; await refreshJobs(); await showJob();
+  $("#job-card").scrollIntoView({block: "start"}); $("#job-card").focus({preventScroll: true});
+  if ($("#train-name").dataset.auto === "1") await trainConfig();  // the next launch gets a fresh name
+});
 async function refreshJobs() {
   const d = await api("/api/jobs");
   $("#jobs tbody").innerHTML = d.jobs.map(j => `<tr class="job ${j.id === JOB ? "sel" : ""}" data-id="${esc(j.id)}"><td><a href="#" class="job-link">${esc(j.title)}</a><div class="help">${esc(j.id)}</div></td><td>${esc(j.kind)}</td><td><span class="badge ${esc(j.status)}">${esc(j.status)}</span></td><td>${j.rc ?? ""}</td></tr>`).join("");
@@ -197,13 +207,32 @@ $("#view-open").onclick = guard($("#view-error"), async () => {
 // ---- evaluate and registry ----
 function showEval(j) {
   const s = j.summary, ci = s.success_ci95 || [];
-  $("#ev-summary").innerHTML = `<div class="ok" id="ev-result">success ${(s.success * 100).toFixed(1)}% (95% CI ${(ci[0] * 100).toFixed(1)}-${(ci[1] * 100).toFixed(1)}%) on ${s.n_tasks} tasks of ${esc(s.env_id)}/${esc(s.split)}</div><div class="help">saved as ${esc(j.eval_json)}</div>`;
+  $("#ev-summary").innerHTML = `<div class="${s.success > 0 ? "ok" : "caution"}" id="ev-result">success ${(s.success * 100).toFixed(1)}% (95% CI ${(ci[0] * 100).toFixed(1)}-${(ci[1] * 100).toFixed(1)}%) on ${s.n_tasks} tasks of ${esc(s.env_id)}/${esc(s.split)}</div><div class="help">saved as ${esc(j.eval_json)}</div>`;
 }
 $("#ev-launch").onclick = guard($("#ev-error"), async () => {
   $("#ev-summary").innerHTML = "";
   const j = await api("/api/eval/launch", {checkpoint: $("#ev-ckpt").value, env: $("#ev-env").value, split: $("#ev-split").value, tasks: $("#ev-tasks").value, name: $("#ev-name").value});
-  JOB = j.id; $("#ev-summary").innerHTML = `<div class="help">job ${esc(j.id)} started: <code>${esc(j.command)}</code></div>`;
+  JOB = j.id; $("#ev-summary").innerHTML = `<div class="help" id="ev-status">job ${esc(j.id)} started: <code>${esc(j.command)}</code></div>`;
+  watchEval(j.id);
 });
+// the evaluation's outcome where it was asked for: its progress, its summary, or why it failed
+function watchEval(id) {
+  const tick = async () => {
+    let j;
+    try { j = await api("/api/jobs/" + id); } catch (e) { $("#ev-error").textContent = e.message; return; }
+    if (j.status === "running" || j.status === "starting") {
+      const st = $("#ev-status"); if (st) st.firstChild.textContent = `job ${j.id} ${j.status}: `;
+      setTimeout(tick, 1000); return;
+    }
+    if (j.status === "finished" && j.summary) showEval(j);
+    else {
+      $("#ev-summary").innerHTML = "";
+      $("#ev-error").textContent = `the evaluation ${j.status}` + (j.rc != null ? ` (exit ${j.rc})` : "") +
+        (j.error ? ":\n" + j.error : "");
+    }
+  };
+  setTimeout(tick, 500);
+}
 function registryResult(el, r, okText) {
   el.innerHTML = r.ok ? `<div class="ok">${okText(r.result)}</div><div class="help"><code>${esc(r.command)}</code></div>`
     : `<div class="err refused">${esc(r.error || "failed (exit " + r.rc + ")")}</div><div class="help">exit ${r.rc}: <code>${esc(r.command)}</code></div>`;

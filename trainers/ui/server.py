@@ -282,21 +282,25 @@ def build_app(ui: UI) -> Any:
             raise UIError(f"unknown algorithm {algorithm!r}; one of {', '.join(C.algorithms())}")
         return {"fields": [{"key": k, "help": h} for k, h in sorted(C.field_helps(algorithm).items())]}
 
-    def _train(d: dict[str, Any]) -> list[str]:
+    def _train(d: dict[str, Any], *, fresh: bool = False) -> list[str]:
         overrides = d.get("overrides") or {}
         if not isinstance(overrides, dict):
             raise UIError("overrides must be an object {field: value}")
         return C.train_argv(ui.runs, str(d.get("algorithm", "")), str(d.get("config", "")), overrides,
-                            str(d.get("run_name", "")))
+                            str(d.get("run_name", "")), fresh=fresh)
 
     @app.post("/api/train/command")
     async def train_command(request: Request) -> Any:
         return {"command": C.display(_train(await body(request)))}
 
+    @app.get("/api/train/run_name")
+    def train_run_name(base: str) -> Any:
+        return {"run_name": C.free_run_name(ui.runs, base)}
+
     @app.post("/api/train/launch")
     async def train_launch(request: Request) -> Any:
         d = await body(request)
-        argv = _train(d)
+        argv = _train(d, fresh=True)
         return ui.jobs.launch("train", argv, title=f"{d.get('algorithm')} {d.get('run_name')}",
                               extra={"command": C.display(argv)})
 
