@@ -106,3 +106,37 @@ def test_a_launch_is_named_and_never_reuses_another_runs_directory(tmp_path: Pat
     argv = C.train_argv(runs, "grpo", "grpo_calculator_cpu.yaml", {"run_name": "other"}, "my-run-2")
     assert argv.count("--run_name") == 1 and argv[argv.index("--run_name") + 1] == "other"
     assert sys.executable in argv[0]
+
+
+@NEEDS_DRIVER
+def test_play_one_episode_turn_by_turn(server: Server, browser: WebDriver) -> None:
+    """The oracle on one Calculator task: the page shows the first turn (a tool call and its observation), then
+    the next turns one at a time, then the outcome; the trajectory is the one ``toolgym eval`` wrote."""
+    d = browser
+    open_page(d, server)
+    tab(d, "play")
+    set_value(d, "#play-env", "toolgym/Calculator-v0")
+    set_value(d, "#play-policy", "oracle")
+    type_into(d, "#play-seed", "3")
+    d.click("#play-run")
+    wait_for(d, "return document.querySelector('#play-out .turn[data-turn=\"0\"]')", timeout=120, what="turn 1")
+    first = text(d, "#play-out .turn[data-turn='0']")
+    assert "tool call" in first and "calculator" in first
+    res = wait_for(d, "return document.querySelector('#play-result')?.textContent", timeout=30, what="the outcome")
+    assert res.startswith("episode ended: outcome reward 1.000")
+    assert d.js("return document.querySelector('#play-result').className") == "ok"
+    n = d.js("return document.querySelectorAll('#play-out .turn').length")
+    assert n >= 2 and text(d, "#play-at") == f"turn {n} of {n}"
+    d.click("#play-prev")
+    assert d.js("return document.querySelectorAll('#play-out .turn').length") == n - 1
+    files = list((server.runs / "ui" / "play").glob("*.jsonl"))
+    assert len(files) == 1
+    row = json.loads(files[0].read_text().splitlines()[0])
+    assert len(row["turns"]) == n and row["outcome_reward"] == 1.0
+    # a failure (an env that does not exist) is shown where the user pressed Play
+    d.js("const o = document.createElement('option'); o.value = o.textContent = 'toolgym/Nope-v0';"
+         "document.querySelector('#play-env').appendChild(o)")
+    set_value(d, "#play-env", "toolgym/Nope-v0")
+    d.click("#play-run")
+    err = wait_for(d, "return document.querySelector('#play-error').textContent", timeout=120, what="the failure")
+    assert "Nope-v0" in err

@@ -274,6 +274,21 @@ def eval_argv(runs: Path, checkpoint: str, env: str, split: str, tasks: str, nam
     return argv, out
 
 
+def play_argv(runs: Path, policy: str, env: str, split: str, seed: int) -> tuple[list[str], Path]:
+    """One episode: ``toolgym eval ENV --policy P --split S --tasks 1 --seed N --num-envs 1 --out FILE``, its
+    trajectory written under ``<runs>/ui/play/``; returns the arguments and the trajectory file."""
+    import secrets
+    import time
+
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise UIError(f"bad seed {seed!r}: a whole number from 0")
+    argv, _ = eval_argv(runs, policy, env, split, "1", "play")
+    out = runs / "ui" / "play" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.jsonl"
+    argv[argv.index("--out") + 1] = str(out)
+    argv[argv.index("--tasks"):argv.index("--tasks")] = ["--seed", str(seed), "--num-envs", "1"]
+    return argv, out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Registry: `toolgym registry ...` run to completion (seconds), its one-line error shown as it is
 # ---------------------------------------------------------------------------------------------------------------

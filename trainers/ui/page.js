@@ -28,6 +28,7 @@ async function refreshFiles() {
   const [j, m, e] = await Promise.all(["jsonl", "model", "eval"].map(k => api("/api/files?kind=" + k).then(d => d.files)));
   fill($("#rw-file"), j, true); fill($("#view-file"), j, true); fill($("#view-compare"), ["", ...j], true);
   fill($("#ev-ckpt"), ["oracle", "tiny", "embedded", ...m], true); fill($("#rg-ckpt"), m, true);
+  fill($("#play-policy"), ["oracle", "embedded", "tiny", ...m], true);
   fill($("#rg-eval"), ["", ...e], true);
 }
 // ---- curves ----
@@ -204,6 +205,55 @@ $("#view-open").onclick = guard($("#view-error"), async () => {
   if (!r.ok) { const t = await r.text(); let m = t; try { m = JSON.parse(t).error; } catch (e) {} throw new Error(m); }
   $("#viewer").src = "/view?" + q;
 });
+// ---- play one episode ----
+let PLAY = null;  // {ep, shown}
+function turnView(t, i) {
+  const calls = (t.results || []).map(r => {
+    const c = r.call || {}, args = typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments ?? {});
+    return `<div class="call"><b>tool call</b> <code>${esc(c.name || "?")}</code> <code>${esc(args)}</code> ` +
+      (r.error_kind ? `<span class="err">${esc(r.error_kind)}</span>` : `<span class="ok">ok</span>`) +
+      ` <span class="help">${esc(((+r.latency_s || 0) * 1000).toFixed(1))} ms</span><pre class="obs">${esc(r.content)}</pre></div>`;
+  }).join("");
+  return `<div class="turn" data-turn="${i}"><h4>turn ${i + 1} \u00b7 reward ${esc((+t.reward || 0).toFixed(3))}` +
+    (t.cut ? ' <span class="caution">cut at the turn budget</span>' : "") + `</h4><div class="help">model</div>` +
+    `<pre class="action">${esc(t.text)}</pre>${calls}</div>`;
+}
+function showPlay() {
+  const ep = PLAY.ep, turns = ep.turns || [], n = Math.min(PLAY.shown, turns.length), task = ep.task || {};
+  const ok = (+ep.outcome_reward || 0) >= 1;
+  let h = `<div class="help">task ${esc(task.id ?? "")}: <b>${esc(task.prompt ?? "")}</b></div>`;
+  h += turns.slice(0, n).map(turnView).join("");
+  if (n >= turns.length) h += `<div class="${ok ? "ok" : "caution"}" id="play-result">episode ${ep.terminated ? "ended" : "truncated"}: ` +
+    `outcome reward ${esc((+ep.outcome_reward || 0).toFixed(3))}, answer ${esc(JSON.stringify(PLAY.answer ?? ""))}</div>`;
+  $("#play-out").innerHTML = h;
+  $("#play-at").textContent = `turn ${n} of ${turns.length}`;
+  $("#play-prev").disabled = n <= 1; $("#play-next").disabled = n >= turns.length;
+}
+$("#play-prev").onclick = () => { PLAY.shown = Math.max(1, PLAY.shown - 1); showPlay(); };
+$("#play-next").onclick = () => { PLAY.shown += 1; showPlay(); };
+$("#play-all").onclick = () => { PLAY.shown = Infinity; showPlay(); };
+$("#play-run").onclick = guard($("#play-error"), async () => {
+  $("#play-out").innerHTML = ""; $("#play-controls").hidden = true; PLAY = null;
+  $("#play-status").textContent = "starting...";
+  const j = await api("/api/play", {env: $("#play-env").value, policy: $("#play-policy").value,
+                                    split: $("#play-split").value, seed: $("#play-seed").value});
+  for (;;) {
+    await new Promise(r => setTimeout(r, 700));
+    const s = await api("/api/play/" + j.id);
+    if (s.status === "running" || s.status === "starting") { $("#play-status").textContent = `${s.status}: ${s.command}`; continue; }
+    $("#play-status").textContent = s.command;
+    if (!s.episode) throw new Error(`the episode ${s.status}` + (s.rc != null ? ` (exit ${s.rc})` : "") + (s.error ? ":\n" + s.error : ""));
+    PLAY = {ep: s.episode, answer: s.answer, shown: 1};
+    $("#play-view").href = "/view?file=" + encodeURIComponent(s.view) + "#open=0";
+    $("#play-view").target = "_blank"; $("#play-view").rel = "noopener";
+    $("#play-controls").hidden = false; showPlay();
+    // then the rest of the episode, one turn at a time
+    const id = j.id, step = () => { if (PLAY && PLAY.ep === s.episode && PLAY.shown < (s.episode.turns || []).length) {
+      PLAY.shown += 1; showPlay(); setTimeout(step, 900); } };
+    setTimeout(step, 900);
+    return id;
+  }
+});
 // ---- evaluate and registry ----
 function showEval(j) {
   const s = j.summary, ci = s.success_ci95 || [];
@@ -259,7 +309,7 @@ $("#rg-list").onclick = guard($("#pr-result"), async () => {
   try {
     INFO = await api("/api/info");
     $("#runs-dir").textContent = INFO.runs; $("#tracking-uri").textContent = INFO.tracking_uri;
-    fill($("#env-select"), INFO.envs); fill($("#ev-env"), INFO.envs);
+    fill($("#env-select"), INFO.envs); fill($("#ev-env"), INFO.envs); fill($("#play-env"), INFO.envs);
     fill($("#train-algo"), INFO.algorithms);
     fill($("#train-config"), INFO.configs.map(c => ({value: c.name, label: c.name + (c.algorithm ? "" : " (any)")})));
     const g = INFO.configs.find(c => c.name.startsWith("grpo")); if (g) $("#train-config").value = g.name;

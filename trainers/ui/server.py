@@ -360,6 +360,39 @@ def build_app(ui: UI) -> Any:
         return ui.jobs.launch("eval", argv, title=f"eval {d.get('name')}",
                               extra={"command": C.display(argv), "eval_out": str(out)})
 
+    # -- play one episode --
+    @app.post("/api/play")
+    async def play(request: Request) -> Any:
+        d = await body(request)
+        try:
+            seed = int(d.get("seed", 0))
+        except (TypeError, ValueError):
+            raise UIError(f"bad seed {d.get('seed')!r}: a whole number from 0") from None
+        argv, out = C.play_argv(ui.runs, str(d.get("policy", "")), str(d.get("env", "")),
+                                str(d.get("split", "test")), seed)
+        return ui.jobs.launch("play", argv, title=f"play {d.get('env')} with {d.get('policy')}",
+                              extra={"command": C.display(argv), "play_out": str(out)})
+
+    @app.get("/api/play/{job_id}")
+    def play_episode(job_id: str) -> Any:
+        """The played job's state and, once written, its episode (the validated trajectory row)."""
+        from toolgym.trajectory import Trajectory, TrajectoryFileError, read_trajectories
+
+        st = ui.jobs.state(job_id, log=True, metrics=False)
+        if st.get("kind") != "play":
+            raise UIError(f"job {job_id} is not an episode played from the Play page")
+        path = Path(st["play_out"])
+        st["episode"] = None
+        if path.is_file():
+            try:
+                rows = read_trajectories(path)
+            except (TrajectoryFileError, ValueError, OSError) as e:
+                raise UIError(str(e)) from None
+            st["episode"] = rows[0] if rows else None
+            st["answer"] = Trajectory.from_dict(rows[0]).answer if rows else None
+            st["view"] = str(path.relative_to(ui.runs))
+        return st
+
     @app.post("/api/registry/{action}")
     async def registry(action: str, request: Request) -> Any:
         d = await body(request)
