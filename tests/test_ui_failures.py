@@ -140,3 +140,50 @@ def test_play_one_episode_turn_by_turn(server: Server, browser: WebDriver) -> No
     d.click("#play-run")
     err = wait_for(d, "return document.querySelector('#play-error').textContent", timeout=120, what="the failure")
     assert "Nope-v0" in err
+
+
+@NEEDS_DRIVER
+def test_typed_form_markdown_help_and_saved_setups(server: Server, browser: WebDriver) -> None:
+    """The Train form's widgets follow each field's type in the Config (TRL's included), help texts are rendered
+    from markdown without letting markup through, and a named setup saved on the page loads back."""
+    d = browser
+    open_page(d, server)
+    tab(d, "train")
+    set_value(d, "#train-config", "grpo_calculator_cpu.yaml")
+    wait_for(d, "return document.querySelector('.tf[data-key=max_steps]')")
+    kinds = d.js("return Object.fromEntries([...document.querySelectorAll('#train-fields .tf')].map(i =>"
+                 "[i.dataset.key, i.tagName === 'SELECT' ? 'select' : i.type]))")
+    assert kinds["use_cpu"] == "checkbox" and kinds["max_steps"] == "number" and kinds["learning_rate"] == "number"
+    assert kinds["save_strategy"] == "select" and kinds["toolgym.env_id"] == "text"
+    assert d.js("return document.querySelector('.tf[data-key=max_steps]').step") == "1"
+    # markdown: TRL's `code` spans become <code>, and no element comes from a help text's own markup
+    assert d.js("return document.querySelectorAll('#train-fields td.help code').length") > 0
+    assert "`" not in text(d, "#train-fields tr:has(.tf[data-key=num_generations]) td.help")
+    # change typed fields, save the setup under a name, change them again, load it back
+    d.js("document.querySelector('.tf[data-key=use_cpu]').click()")
+    set_value(d, ".tf[data-key=max_steps]", "3")
+    set_value(d, ".tf[data-key=save_strategy]", "steps")
+    type_into(d, "#train-extra", "toolgym.model=tiny")
+    wait_for(d, "const c = document.querySelector('#train-command').textContent;"
+                "return c.includes('--max_steps 3') && c.includes('--use_cpu false')")
+    type_into(d, "#setup-name", "my-setup")
+    d.click("#setup-save")
+    wait_for(d, "return document.querySelector('#setup-msg').textContent === 'saved my-setup'")
+    saved = json.loads((server.runs / "ui" / "setups" / "my-setup.json").read_text())
+    assert saved["overrides"] == {"use_cpu": "false", "max_steps": "3", "save_strategy": "steps",
+                                  "report_to": "[mlflow]", "toolgym.model": "tiny"}  # report_to: the page's default
+    open_page(d, server)  # a new page: nothing of the form is left but what is saved
+    tab(d, "train")
+    wait_for(d, "return [...document.querySelectorAll('#setup-list option')].some(o => o.value === 'my-setup')")
+    set_value(d, "#setup-list", "my-setup")
+    d.click("#setup-load")
+    wait_for(d, "return document.querySelector('#setup-msg').textContent === 'loaded my-setup'")
+    assert d.js("return [document.querySelector('.tf[data-key=use_cpu]').checked,"
+                "document.querySelector('.tf[data-key=max_steps]').value,"
+                "document.querySelector('.tf[data-key=save_strategy]').value,"
+                "document.querySelector('.tf[data-key=\"toolgym.model\"]').value]") == [False, "3", "steps", "tiny"]
+    wait_for(d, "return document.querySelector('#train-command').textContent.includes('--max_steps 3')")
+    # a GPU config on a machine without one says so
+    set_value(d, "#train-config", "qwen3_4b_search_8xa100.yaml")
+    gpu = wait_for(d, "return document.querySelector('#train-gpu').textContent", timeout=60)
+    assert "bf16" in gpu and "has none" in gpu

@@ -199,9 +199,28 @@ def config_fields(name: str) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as e:
         raise UIError(f"cannot read {name}: {e}") from None
     algo = next((c["algorithm"] for c in configs() if c["name"] == name), "")
+    from trainers.ui.form import field_kinds
+
     helps = field_helps(algo) if algo else {}
-    fields = [{"key": k, "value": _flow(v), "help": helps.get(k, "")} for k, v in _flatten(data).items()]
-    return {"name": name, "algorithm": algo, "fields": fields}
+    kinds = field_kinds(algo) if algo else {}
+    fields = [{"key": k, "value": _flow(v), "help": helps.get(k, ""), "kind": kinds.get(k, {"type": "text"})}
+              for k, v in _flatten(data).items()]
+    return {"name": name, "algorithm": algo, "fields": fields, "needs_gpu": gpu_need(data)}
+
+
+def gpu_need(data: Mapping[str, Any]) -> str:
+    """Why a config wants a GPU (``""``: it does not): ``use_cpu`` not set and bf16/fp16, vLLM or DeepSpeed on."""
+    if data.get("use_cpu") is True:
+        return ""
+    why = [k for k in ("bf16", "fp16", "use_vllm") if data.get(k) is True]
+    why += ["deepspeed"] if data.get("deepspeed") else []
+    return ", ".join(why)
+
+
+def has_gpu() -> bool:
+    """Whether this machine shows an NVIDIA GPU (its driver's ``/proc`` entries; no torch import)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
 
 
 def _flow(v: Any) -> str:

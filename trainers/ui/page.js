@@ -10,6 +10,24 @@ async function api(path, body) {
   if (!r.ok) throw new Error(data.error || data.detail && JSON.stringify(data.detail) || ("HTTP " + r.status));
   return data;
 }
+// help texts (TRL's are markdown): escaped first, then `code`, **bold** and [links](https://...) only
+function md(s) {
+  return esc(s).replace(/`([^`]+)`/g, "<code>$1</code>").replace(/\*\*([^*]+)\*\*/g, "<b>$1</b>")
+    .replace(/\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)/g, '<a href="$2" target="_blank" rel="noopener noreferrer">$1</a>');
+}
+// a typed widget for a config field: checkbox, number box, list of choices or text
+function widget(f, v) {
+  const k = f.kind || {type: "text"}, a = `class="tf" data-key="${esc(f.key)}" data-orig="${esc(f.value)}" data-kind="${esc(k.type)}"`;
+  if (k.type === "bool" && (v === "true" || v === "false")) return `<input type="checkbox" ${a} ${v === "true" ? "checked" : ""}>`;
+  if ((k.type === "int" || k.type === "float") && v !== "" && !isNaN(+v))
+    return `<input type="number" ${a} step="${k.type === "int" ? 1 : "any"}" value="${esc(v)}" size="12">`;
+  if (k.type === "choice") {
+    const opts = [...new Set([...(k.choices || []), v, ...(k.nullable ? ["null"] : [])])];
+    return `<select ${a}>${opts.map(o => `<option value="${esc(o)}" ${o === v ? "selected" : ""}>${esc(o)}</option>`).join("")}</select>`;
+  }
+  return `<input ${a} value="${esc(v)}" size="16">`;
+}
+const fieldValue = i => i.type === "checkbox" ? (i.checked ? "true" : "false") : i.value;
 function fill(sel, items, keep) {
   const old = keep ? sel.value : null;
   sel.innerHTML = items.map(x => `<option value="${esc(x.value ?? x)}">${esc(x.label ?? x)}</option>`).join("");
@@ -33,8 +51,20 @@ async function refreshFiles() {
 }
 // ---- curves ----
 const COLORS = ["#2a5bd7", "#d7552a", "#1e7a34", "#8a2ad7", "#b38f00", "#0097a7", "#c2185b"];
+// exponential moving average (the smoothing slider; 0 = raw), as TensorBoard draws it
+function smooth(points, a) {
+  let m = null; return a > 0 ? points.map(p => [p[0], m = m === null ? p[1] : a * m + (1 - a) * p[1]]) : points;
+}
 function drawCurves(svg, series, title) {
   const W = +svg.getAttribute("width"), H = +svg.getAttribute("height"), L = 44, R = 150, T = 22, B = 26;
+  const a = +($("#smooth")?.value || 0);
+  // series drawn on the same points (e.g. all at 0) share one line and one legend entry
+  const merged = [];
+  for (const s of series) {
+    const same = merged.find(m => JSON.stringify(m.points) === JSON.stringify(s.points));
+    if (same) same.name += " = " + s.name; else merged.push({...s, raw: s.points, points: smooth(s.points, a)});
+  }
+  series = merged;
   const pts = series.flatMap(s => s.points);
   let h = `<text x="${L}" y="15" font-size="12" font-weight="600">${esc(title)}</text>`;
   if (!pts.length) { svg.innerHTML = h + `<text x="${L}" y="${H / 2}" font-size="12" fill="#667">no data yet</text>`; return; }
@@ -48,8 +78,8 @@ function drawCurves(svg, series, title) {
   series.forEach((s, k) => {
     const c = COLORS[k % COLORS.length], p = s.points.map(q => `${X(q[0]).toFixed(1)},${Y(q[1]).toFixed(1)}`).join(" ");
     h += `<polyline class="curve" data-name="${esc(s.name)}" fill="none" stroke="${c}" stroke-width="2" points="${p}"/>`;
-    h += s.points.map(q => `<circle cx="${X(q[0]).toFixed(1)}" cy="${Y(q[1]).toFixed(1)}" r="2.5" fill="${c}"/>`).join("");
-    h += `<rect x="${W - R + 8}" y="${T + k * 16}" width="10" height="10" fill="${c}"/><text x="${W - R + 22}" y="${T + k * 16 + 9}" font-size="11">${esc(s.name.slice(0, 22))}</text>`;
+    h += s.points.map((q, i) => `<circle class="pt" cx="${X(q[0]).toFixed(1)}" cy="${Y(q[1]).toFixed(1)}" r="3.5" fill="${c}"><title>${esc(s.name)}: step ${esc(q[0])}: ${esc(+(+s.raw[i][1]).toPrecision(4))}${a > 0 ? " (smoothed " + esc(+q[1].toPrecision(4)) + ")" : ""}</title></circle>`).join("");
+    h += `<rect x="${W - R + 8}" y="${T + k * 16}" width="10" height="10" fill="${c}"/><text x="${W - R + 22}" y="${T + k * 16 + 9}" font-size="11">${esc(s.name.length > 24 ? s.name.slice(0, 23) + "\u2026" : s.name)}<title>${esc(s.name)}</title></text>`;
   });
   svg.innerHTML = h;
 }
@@ -107,7 +137,9 @@ async function trainConfig() {
   // runs are tracked in the UI's MLflow store by default (the Runs page reads it): report_to starts as [mlflow]
   const value = f => f.key === "report_to" && !/mlflow/.test(f.value) ? "[mlflow]" : f.value;
   $("#train-fields tbody").innerHTML = d.fields.filter(f => !["output_dir", "toolgym.trajectory_dir"].includes(f.key)).map(f =>
-    `<tr><td><code>${esc(f.key)}</code></td><td><input class="tf" data-key="${esc(f.key)}" data-orig="${esc(f.value)}" value="${esc(value(f))}" size="16"></td><td class="help">${esc(f.help)}</td></tr>`).join("");
+    `<tr><td><code>${esc(f.key)}</code></td><td>${widget(f, value(f))}</td><td class="help">${md(f.help)}</td></tr>`).join("");
+  $("#train-gpu").textContent = d.needs_gpu && !INFO.gpu ? "This config is written for GPUs (" + d.needs_gpu + "); this machine has none: " +
+    "it would run on the CPU, slowly, or fail. The *_cpu configs are sized for a CPU." : "";
   if (!$("#train-name").value || $("#train-name").dataset.auto === "1") {  // a free name: never another run's
     $("#train-name").value = (await api("/api/train/run_name?base=" + encodeURIComponent($("#train-config").value.replace(/\.yaml$/, "")))).run_name;
     $("#train-name").dataset.auto = "1";
@@ -116,7 +148,7 @@ async function trainConfig() {
 }
 function trainRequest() {
   const overrides = {};
-  document.querySelectorAll("#train-fields .tf").forEach(i => { if (i.value !== i.dataset.orig) overrides[i.dataset.key] = i.value; });
+  document.querySelectorAll("#train-fields .tf").forEach(i => { if (fieldValue(i) !== i.dataset.orig) overrides[i.dataset.key] = fieldValue(i); });
   for (const line of $("#train-extra").value.split("\n")) {
     if (!line.trim()) continue;
     const k = line.indexOf("=");
@@ -125,15 +157,39 @@ function trainRequest() {
   }
   return {algorithm: $("#train-algo").value, config: $("#train-config").value, run_name: $("#train-name").value, overrides};
 }
+// ---- saved setups: the algorithm, the config and every field changed, under a name, in the runs directory ----
+async function refreshSetups() { fill($("#setup-list"), (await api("/api/setups")).setups, true); }
+$("#setup-save").onclick = guard($("#train-error"), async () => {
+  const r = trainRequest(), d = await api("/api/setups", {name: $("#setup-name").value, setup: r});
+  fill($("#setup-list"), d.setups); $("#setup-list").value = d.name; $("#setup-msg").textContent = `saved ${d.name}`;
+});
+$("#setup-load").onclick = guard($("#train-error"), async () => {
+  const name = $("#setup-list").value; if (!name) throw new Error("no saved setup yet");
+  const s = await api("/api/setups/" + encodeURIComponent(name));
+  $("#train-algo").value = s.algorithm; $("#train-config").value = s.config; await trainConfig();
+  const extra = [];
+  for (const [k, v] of Object.entries(s.overrides || {})) {
+    const i = document.querySelector(`#train-fields .tf[data-key="${CSS.escape(k)}"]`);
+    if (!i) { extra.push(k + "=" + v); continue; }
+    if (i.type === "checkbox") i.checked = v === "true";
+    else { if (i.tagName === "SELECT" && ![...i.options].some(o => o.value === v)) i.add(new Option(v, v)); i.value = v; }
+  }
+  $("#train-extra").value = extra.join("\n"); $("#setup-name").value = name; $("#setup-msg").textContent = `loaded ${name}`;
+  trainCommand();
+});
 async function allFields() {
   const d = await api("/api/train/fields?algorithm=" + encodeURIComponent($("#train-algo").value));
-  $("#train-all-fields tbody").innerHTML = d.fields.map(f => `<tr><td><a href="#" class="add-field" data-key="${esc(f.key)}"><code>${esc(f.key)}</code></a></td><td class="help">${esc(f.help)}</td></tr>`).join("");
+  $("#train-all-fields tbody").innerHTML = d.fields.map(f => `<tr><td><a href="#" class="add-field" data-key="${esc(f.key)}"><code>${esc(f.key)}</code></a></td><td class="help">${md(f.help)}</td></tr>`).join("");
   document.querySelectorAll(".add-field").forEach(a => a.onclick = ev => {
     ev.preventDefault(); const t = $("#train-extra");
     t.value = (t.value && !t.value.endsWith("\n") ? t.value + "\n" : t.value) + a.dataset.key + "="; t.focus(); });
 }
 $("#train-all").addEventListener("toggle", () => { if ($("#train-all").open) guard($("#train-error"), allFields)(); });
-const trainCommand = guard($("#train-error"), async () => { $("#train-command").textContent = (await api("/api/train/command", trainRequest())).command; });
+let COMMAND_SEQ = 0;  // answers can arrive out of order: only the latest request's command is shown
+const trainCommand = guard($("#train-error"), async () => {
+  const seq = ++COMMAND_SEQ, c = (await api("/api/train/command", trainRequest())).command;
+  if (seq === COMMAND_SEQ) $("#train-command").textContent = c;
+});
 $("#train-config").onchange = guard($("#train-error"), trainConfig);
 ["#train-name", "#train-extra"].forEach(s => $(s).onchange = trainCommand);
 $("#train-name").addEventListener("input", () => { $("#train-name").dataset.auto = ""; });
@@ -159,6 +215,10 @@ async function showJob() {
   $("#job-stop").disabled = !["running", "starting"].includes(j.status);
   const m = j.metrics || [], maxSteps = (j.command || "").match(/--max_steps (\d+)/);
   $("#job-progress").textContent = m.length ? `step ${m.length}${maxSteps ? " of " + maxSteps[1] : ""}` : "";
+  const total = maxSteps ? +maxSteps[1] : 0, frac = total ? Math.min(1, m.length / total) : 0, live = ["running", "starting"].includes(j.status);
+  $("#job-bar").hidden = !total; $("#job-bar").firstElementChild.style.width = (100 * (j.status === "finished" ? 1 : frac)).toFixed(1) + "%";
+  const spent = Date.now() / 1000 - j.created, eta = m.length && live ? spent / m.length * (total - m.length) : null;
+  $("#job-eta").textContent = live && total ? (eta == null ? "waiting for the first step" : `about ${eta < 90 ? Math.round(eta) + " s" : Math.round(eta / 60) + " min"} left`) : "";
   const ser = keys => keys.filter(k => m.some(r => k in r)).map(k => ({name: k, points: m.filter(r => k in r).map(r => [r.step, r[k]])}));
   drawCurves($("#job-curves"), ser(["reward", "toolgym/success", "toolgym/tool_call_rate", "loss"]), "reward and success");
   const errKeys = [...new Set(m.flatMap(r => Object.keys(r).filter(k => k.startsWith("toolgym/errors/"))))];
@@ -168,6 +228,7 @@ async function showJob() {
   log.textContent = j.log || ""; if (atEnd) log.scrollTop = log.scrollHeight;
   if (j.kind === "eval" && j.summary) showEval(j);
 }
+$("#smooth").oninput = () => { showJob(); drawRuns(); };
 $("#job-stop").onclick = guard($("#job-error"), async () => { await api("/api/jobs/" + JOB + "/stop", {}); await showJob(); });
 setInterval(async () => {
   const page = document.querySelector("section.page.on").id;
@@ -179,7 +240,8 @@ let RUNS = [];
 async function loadRuns() {
   try {
     const ticked = new Set([...document.querySelectorAll(".run-pick:checked")].map(c => c.closest("tr").dataset.id));
-    const d = await api("/api/runs"); RUNS = d.runs; $("#runs-error").textContent = "";
+    $("#runs-loading").hidden = false;
+    const d = await api("/api/runs").finally(() => { $("#runs-loading").hidden = true; }); RUNS = d.runs; $("#runs-error").textContent = "";
     $("#runs-table tbody").innerHTML = RUNS.map(r => `<tr data-id="${esc(r.id)}"><td><input type="checkbox" class="run-pick"></td><td>${esc(r.name)}<div class="help">${esc(r.id.slice(0, 12))}</div></td><td>${esc(r.experiment)}</td><td>${esc(r.status)}</td><td class="num">${r.metrics.reward?.toFixed?.(3) ?? ""}</td><td class="num">${r.metrics["toolgym/success"]?.toFixed?.(3) ?? ""}</td></tr>`).join("") || `<tr><td colspan="6" class="help">no runs yet in ${esc(d.tracking_uri)}</td></tr>`;
     document.querySelectorAll(".run-pick").forEach(c => { c.checked = ticked.has(c.closest("tr").dataset.id); c.onchange = drawRuns; });
   } catch (e) { $("#runs-error").textContent = e.message; }
@@ -313,6 +375,6 @@ $("#rg-list").onclick = guard($("#pr-result"), async () => {
     fill($("#train-algo"), INFO.algorithms);
     fill($("#train-config"), INFO.configs.map(c => ({value: c.name, label: c.name + (c.algorithm ? "" : " (any)")})));
     const g = INFO.configs.find(c => c.name.startsWith("grpo")); if (g) $("#train-config").value = g.name;
-    rewardRows(); await refreshFiles(); await trainConfig(); await refreshJobs(); await showJob();
+    rewardRows(); await refreshFiles(); await trainConfig(); await refreshSetups(); await refreshJobs(); await showJob();
   } catch (e) { document.body.insertAdjacentHTML("afterbegin", `<div class="err" id="fatal">${esc(e.message)}</div>`); }
 })();

@@ -33,6 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Red
 from toolgym.cli_common import add_ui_arguments
 from toolgym.errors import CLIError, ExitCode
 from trainers.ui import commands as C
+from trainers.ui.form import SetupStore
 from trainers.ui.jobs import JobError, JobStore, redact
 from trainers.ui.playground import ToolPlayground, UIError, reward_library, score_file
 
@@ -92,6 +93,7 @@ class UI:
         self.tracking_uri = env["MLFLOW_TRACKING_URI"]
         self.jobs = JobStore(self.runs, env)
         self.tools = ToolPlayground()
+        self.setups = SetupStore(self.runs)
 
     def files(self, kind: str) -> list[str]:
         """Paths (relative to the runs dir) of trajectory files (``jsonl``), evaluation summaries (``eval``) or
@@ -229,7 +231,7 @@ def build_app(ui: UI) -> Any:
 
         return {"runs": str(ui.runs), "tracking_uri": public_uri(ui.tracking_uri), "algorithms": C.algorithms(),
                 "configs": C.configs(), "rewards": reward_library(), "envs": list(ENVS),
-                "max_upload": ui.max_upload}
+                "max_upload": ui.max_upload, "gpu": C.has_gpu()}
 
     @app.get("/api/files")
     def files(kind: str) -> Any:
@@ -292,6 +294,19 @@ def build_app(ui: UI) -> Any:
     @app.post("/api/train/command")
     async def train_command(request: Request) -> Any:
         return {"command": C.display(_train(await body(request)))}
+
+    @app.get("/api/setups")
+    def setups() -> Any:
+        return {"setups": ui.setups.names()}
+
+    @app.get("/api/setups/{name}")
+    def setup_load(name: str) -> Any:
+        return ui.setups.load(name)
+
+    @app.post("/api/setups")
+    async def setup_save(request: Request) -> Any:
+        d = await body(request)
+        return {"name": ui.setups.save(str(d.get("name", "")), d.get("setup") or {}), "setups": ui.setups.names()}
 
     @app.get("/api/train/run_name")
     def train_run_name(base: str) -> Any:
