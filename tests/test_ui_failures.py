@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_ui import NEEDS_DRIVER, Server, open_page, set_value, tab, text, type_into, wait_for
+from tests.test_ui import NEEDS_DRIVER, Server, open_page, set_value, shot, tab, text, type_into, wait_for
 from tests.test_viewer import WebDriver
 
 pytest.importorskip("fastapi", reason="toolgym ui needs the [ui] extra")
@@ -127,6 +127,7 @@ def test_play_one_episode_turn_by_turn(server: Server, browser: WebDriver) -> No
     assert d.js("return document.querySelector('#play-result').className") == "ok"
     n = d.js("return document.querySelectorAll('#play-out .turn').length")
     assert n >= 2 and text(d, "#play-at") == f"turn {n} of {n}"
+    shot(d, "play")
     d.click("#play-prev")
     assert d.js("return document.querySelectorAll('#play-out .turn').length") == n - 1
     files = list((server.runs / "ui" / "play").glob("*.jsonl"))
