@@ -40,7 +40,7 @@ def test_the_row_check_refuses_a_drift_record_that_is_not_ids(bad: dict[str, Any
 
 
 def test_the_page_drops_non_integer_drift_ids_and_carries_a_script_hash_policy() -> None:
-    from toolgym.viewer import build_data, content_security_policy, render_html
+    from toolgym.report.viewer import build_data, content_security_policy, render_html
 
     data = build_data([crafted_row()])
     assert data["runs"][0]["eps"][0]["drift"]["built"] == []  # the string is gone, not passed on to the page
@@ -61,7 +61,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
 def test_a_crafted_page_opened_from_disk_runs_none_of_its_script(browser: WebDriver, tmp_path: Path) -> None:
     """The page ``toolgym view`` writes, with a crafted row and an extra inline script spliced in (as a page
     missing an escape would carry one): the episode expands, its drift table shows, and nothing of the data runs."""
-    from toolgym.viewer import render_html
+    from toolgym.report.viewer import render_html
 
     page = render_html([crafted_row()], title="crafted")
     page = page.replace("</body>", "<script>window.pwned = 4; document.title = 'pwned';</script></body>")
