@@ -400,8 +400,14 @@ def test_train_grpo_from_the_page_to_its_curve_then_runs_and_jobs_survive(server
     assert d.js("return document.querySelector('.run-pick').checked")  # ticks survive a refresh
     set_value(d, "#view-file", "grpo-ui/rollout.jsonl")
     d.click("#view-open")
-    wait_for(d, "const f = document.querySelector('#viewer').contentDocument;"
-                "return f && f.querySelectorAll('tr.row.ep').length > 0", timeout=60, what="the viewer")
+    # the viewer runs sandboxed (an opaque origin: the page cannot reach into it, nor it into the page's API)
+    wait_for(d, "return document.querySelector('#viewer').getAttribute('src')", what="the viewer's frame")
+    assert d.js("return document.querySelector('#viewer').contentDocument") is None
+    d.cmd("POST", "/frame", {"id": {WebDriver.W3C_ELEMENT: d.find("#viewer")}})
+    try:
+        wait_for(d, "return document.querySelectorAll('tr.row.ep').length > 0", timeout=60, what="the viewer")
+    finally:
+        d.cmd("POST", "/frame/parent", {})
     shot(d, "runs")
 
     # a failing job shows its error lines; a running job stops cleanly; a reload (a new page) shows them all

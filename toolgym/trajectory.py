@@ -330,6 +330,28 @@ def _check_turn(turn: Any, where: str) -> None:
     _check_type(turn, "reward_components", Mapping, f"{where}.", "an object")
 
 
+_DRIFT_INTS = ("index", "built_len", "expected_len")
+_DRIFT_TEXTS = ("built_text", "expected_text", "error")
+
+
+def _check_drift(drift: Mapping[str, Any]) -> None:
+    """A drift record (what ``Conversation.check_drift`` returns): ``index``/``built_len``/
+    ``expected_len`` ints, ``built``/``expected`` lists of token ids (ints), ``built_text``/``expected_text``/
+    ``error`` strings; no other keys (a viewer shows every one of them)."""
+    for key, value in drift.items():
+        if key in _DRIFT_INTS:
+            if type(value) is not int:
+                raise _bad(f"drift.{key}", f"expected an int, got {_kind(value)}")
+        elif key in ("built", "expected"):
+            _check_ints(value, f"drift.{key}")
+        elif key in _DRIFT_TEXTS:
+            if not isinstance(value, str):
+                raise _bad(f"drift.{key}", f"expected a string, got {_kind(value)}")
+        else:
+            raise _bad(f"drift.{key}", "unknown key (a drift record holds index, built, expected, built_text, "
+                       "expected_text, built_len, expected_len, error)")
+
+
 def check_trajectory_row(row: Any) -> None:
     """Raise :class:`TrajectoryFormatError` unless ``row`` is a valid trajectory row (see the module docstring):
     an object with ``completion_ids`` (ints), ``loss_mask`` (0/1, as long as ``completion_ids``) and ``turns``
@@ -360,6 +382,8 @@ def check_trajectory_row(row: Any) -> None:
         _check_turn(t, f"turns[{i}]")
     for key in ("task", "reward_components", "drift"):
         _check_type(row, key, Mapping, "", "an object")
+    if row.get("drift"):
+        _check_drift(row["drift"])
     for key in ("outcome_reward", "reward"):
         if key in row and not _is_num(row[key]):
             raise _bad(key, f"expected a number, got {_kind(row[key])}")

@@ -30,6 +30,8 @@ view shows ids only.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
 import os
@@ -39,7 +41,7 @@ from typing import Any
 
 from toolgym.trajectory import TrajectoryFileError, read_trajectories
 
-__all__ = ["TrajectoryFileError", "build_data", "load_trajectory_rows", "render_html", "write_report"]
+__all__ = ["TrajectoryFileError", "build_data", "content_security_policy", "load_trajectory_rows", "render_html", "write_report"]
 
 
 def load_trajectory_rows(
@@ -268,11 +270,29 @@ def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) 
         ep["segs"] = _mask_segments(row, None if len(ids) != len(mask) else tables.tok)
     elif tables.split_utf8 and not tables.split_utf8.isdisjoint(ids):  # split UTF-8 characters: decode runs whole
         ep["segs"] = _mask_segments(row, tables.tok)
-    drift = row.get("drift") or {}
+    drift = _drift(row.get("drift"))
     if drift:
-        tables.add_tokens([*drift.get("built", []), *drift.get("expected", [])])
+        tables.add_tokens([*drift["built"], *drift["expected"]])
         ep["drift"] = drift
     return ep
+
+
+def _ints(x: Any) -> list[int]:
+    return [int(i) for i in x if type(i) is int] if isinstance(x, list) else []
+
+
+def _drift(d: Any) -> dict[str, Any]:
+    """The drift record as the page shows it, rebuilt from its known fields only (ints and strings, whatever the
+    row held: rows given to :func:`render_html` directly are not validated)."""
+    if not isinstance(d, Mapping) or not d:
+        return {}
+
+    def num(key: str) -> int | None:
+        return d[key] if type(d.get(key)) is int else None
+
+    return {"index": num("index"), "built": _ints(d.get("built")), "expected": _ints(d.get("expected")),
+            "built_len": num("built_len"), "expected_len": num("expected_len"),
+            "error": str(d["error"]) if d.get("error") is not None else None}
 
 
 def build_data(
@@ -298,6 +318,17 @@ def build_data(
 
 
 _TEMPLATE = Path(__file__).with_name("viewer.html")
+
+
+def content_security_policy() -> str:
+    """The page's Content-Security-Policy: its one script (identified by its SHA-256, so that no script a
+    trajectory's text might smuggle into the page can run), inline CSS, nothing fetched from anywhere. The page
+    carries it in a ``<meta>`` tag (a file opened from disk is protected too); a server sends it as a header."""
+    template = _TEMPLATE.read_text(encoding="utf-8")
+    code = template.rsplit("<script>", 1)[1].split("</script>", 1)[0]
+    digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
+    return (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; img-src data:; "
+            "base-uri 'none'; form-action 'none'")
 
 
 def _json_for_script(data: Any) -> str:
@@ -332,7 +363,8 @@ def render_html(
     data = build_data(rows, tokenizer=tokenizer, success_threshold=success_threshold, compare=other, labels=labels)
     before, after = _TEMPLATE.read_text(encoding="utf-8").split("{{DATA}}")
     title_html = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return before.replace("{{TITLE}}", title_html) + _json_for_script(data) + after
+    before = before.replace("{{TITLE}}", title_html).replace("{{CSP}}", content_security_policy())
+    return before + _json_for_script(data) + after
 
 
 def write_report(

@@ -199,9 +199,28 @@ def config_fields(name: str) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as e:
         raise UIError(f"cannot read {name}: {e}") from None
     algo = next((c["algorithm"] for c in configs() if c["name"] == name), "")
+    from trainers.ui.form import field_kinds
+
     helps = field_helps(algo) if algo else {}
-    fields = [{"key": k, "value": _flow(v), "help": helps.get(k, "")} for k, v in _flatten(data).items()]
-    return {"name": name, "algorithm": algo, "fields": fields}
+    kinds = field_kinds(algo) if algo else {}
+    fields = [{"key": k, "value": _flow(v), "help": helps.get(k, ""), "kind": kinds.get(k, {"type": "text"})}
+              for k, v in _flatten(data).items()]
+    return {"name": name, "algorithm": algo, "fields": fields, "needs_gpu": gpu_need(data)}
+
+
+def gpu_need(data: Mapping[str, Any]) -> str:
+    """Why a config wants a GPU (``""``: it does not): ``use_cpu`` not set and bf16/fp16, vLLM or DeepSpeed on."""
+    if data.get("use_cpu") is True:
+        return ""
+    why = [k for k in ("bf16", "fp16", "use_vllm") if data.get(k) is True]
+    why += ["deepspeed"] if data.get("deepspeed") else []
+    return ", ".join(why)
+
+
+def has_gpu() -> bool:
+    """Whether this machine shows an NVIDIA GPU (its driver's ``/proc`` entries; no torch import)."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return gpus.is_dir() and any(gpus.iterdir())
 
 
 def _flow(v: Any) -> str:
@@ -214,9 +233,23 @@ def _flow(v: Any) -> str:
     return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
-def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, Any], run_name: str) -> list[str]:
+def free_run_name(runs: Path, base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``, ...: the first name whose ``<runs>/<name>`` does not exist yet."""
+    base = re.sub(r"[^A-Za-z0-9_.-]", "-", base).strip(".-")[:56] or "run"
+    name, k = base, 1
+    while (runs / name).exists():
+        k += 1
+        name = f"{base}-{k}"
+    return name
+
+
+def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, Any], run_name: str, *,
+               fresh: bool = False) -> list[str]:
     """``toolgym train ALGO --config FILE --key value ...`` with the output (and GRPO's trajectories) under
-    ``<runs>/<run_name>``. Keys are dotted identifiers; values are single arguments (never split, never a shell)."""
+    ``<runs>/<run_name>``, and the run named ``run_name`` in the tracker (``--run_name``, where the algorithm has
+    it, unless a field sets it). Keys are dotted identifiers; values are single arguments (never split, never a
+    shell). With ``fresh``, an output directory that already holds files is refused (a launch never writes over
+    another run's checkpoints)."""
     if algorithm not in algorithms():
         raise UIError(f"unknown algorithm {algorithm!r}; one of {', '.join(algorithms())}")
     path = _config_path(config)
@@ -234,6 +267,11 @@ def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, 
             raise UIError(f"--{key}: a value may not start with '--'")
         argv += [f"--{key}", text]
     out = inside(runs, run_name, must_exist=False, what="output directory")
+    if fresh and out.is_dir() and any(out.iterdir()):
+        raise UIError(f"run name {run_name!r} is taken: {out} already holds a run; pick another name "
+                      f"(e.g. {free_run_name(runs, run_name)!r})")
+    if "run_name" not in overrides and "run_name" in field_helps(algorithm):
+        argv += ["--run_name", run_name]
     argv += [f"--{out_key}", str(out)]
     if traj_key is not None:
         argv += [f"--{traj_key}", str(out / "trajectories")]
@@ -252,6 +290,21 @@ def eval_argv(runs: Path, checkpoint: str, env: str, split: str, tasks: str, nam
     out = inside(runs, safe_name(name, "evaluation name"), must_exist=False) / "eval.jsonl"
     argv = toolgym_argv("eval", env.strip(), "--policy", policy, "--split", split.strip(), "--tasks", tasks.strip(),
                         "--json", "--no-progress", "--out", str(out))
+    return argv, out
+
+
+def play_argv(runs: Path, policy: str, env: str, split: str, seed: int) -> tuple[list[str], Path]:
+    """One episode: ``toolgym eval ENV --policy P --split S --tasks 1 --seed N --num-envs 1 --out FILE``, its
+    trajectory written under ``<runs>/ui/play/``; returns the arguments and the trajectory file."""
+    import secrets
+    import time
+
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:
+        raise UIError(f"bad seed {seed!r}: a whole number from 0")
+    argv, _ = eval_argv(runs, policy, env, split, "1", "play")
+    out = runs / "ui" / "play" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.jsonl"
+    argv[argv.index("--out") + 1] = str(out)
+    argv[argv.index("--tasks"):argv.index("--tasks")] = ["--seed", str(seed), "--num-envs", "1"]
     return argv, out
 
 

@@ -4,7 +4,8 @@ A job is a directory ``<runs>/ui/jobs/<id>/``:
 
 * ``job.json`` - what to run: ``{"id", "kind", "title", "argv", "cwd", "created"}`` (``argv`` is an argument
   list, never a shell line);
-* ``runner.json`` - the pids of the runner and of the command (written when they start);
+* ``runner.json`` - the pids of the runner and of the command, and the runner's start time (``runner_start``,
+  from ``/proc``: a pid reused by another process after the runner died is not taken for the job);
 * ``log.txt`` - the command's stdout and stderr, as they come;
 * ``exit.json`` - ``{"rc", "ended", "stopped"}`` once the command ended.
 
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP_GRACE_S", "JobError", "JobStore", "parse_metrics", "redact", "run_job"]
+__all__ = ["STOP_GRACE_S", "JobError", "JobStore", "parse_metrics", "redact", "run_job", "start_ticks"]
 
 STOP_GRACE_S = 30.0
 """Seconds between the stop request (SIGINT to the command) and SIGKILL."""
@@ -91,18 +92,34 @@ def parse_metrics(log: str) -> list[dict[str, float]]:
     return rows
 
 
-def _alive(pid: int) -> bool:
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (``/proc/PID/stat``'s field 22, clock ticks since boot): with the pid it names
+    one process for good, since a reused pid belongs to a process started later. ``None`` when it is gone (or a
+    zombie) or ``/proc`` is not there."""
     try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    if not fields or fields[0] == "Z":  # a zombie (our own child not yet reaped) is not running
+        return None
+    return int(fields[19])
+
+
+def _alive(pid: int, started: int | None) -> bool:
+    """Whether the runner ``pid`` that recorded ``started`` (its :func:`start_ticks`) is still that process."""
+    ticks = start_ticks(pid)
+    if ticks is not None:
+        return started is None or ticks == started
+    if os.path.isdir("/proc"):
+        return False
+    try:  # no /proc (not Linux): the pid alone
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie (our own child not yet reaped) is not running
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return True
+    return True
 
 
 class JobStore:
@@ -158,7 +175,7 @@ class JobStore:
         elif runner is None:
             status = "starting" if time.time() - job["created"] < 60 else "lost"
         else:
-            status = "running" if _alive(int(runner["runner_pid"])) else "lost"
+            status = "running" if _alive(int(runner["runner_pid"]), runner.get("runner_start")) else "lost"
         text = _read_tail(d / "log.txt", _METRICS_MAX_BYTES) if (log or metrics) else ""
         out = {**job, "status": status, "rc": None if ended is None else ended.get("rc"),
                "ended": None if ended is None else ended.get("ended")}
@@ -185,6 +202,8 @@ class JobStore:
         runner = _read_json(d / "runner.json")
         if runner is None or _read_json(d / "exit.json") is not None:
             raise JobError(f"job {job_id} is not running")
+        if not _alive(int(runner["runner_pid"]), runner.get("runner_start")):  # never signal a reused pid
+            raise JobError(f"job {job_id} is not running (its runner ended without an exit record)")
         try:
             os.kill(int(runner["runner_pid"]), signal.SIGTERM)
         except ProcessLookupError:
@@ -260,7 +279,8 @@ def run_job(job_dir: str | os.PathLike[str]) -> int:
 
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
-        _write_json(d / "runner.json", {"runner_pid": os.getpid(), "pid": proc.pid, "started": time.time()})
+        _write_json(d / "runner.json", {"runner_pid": os.getpid(), "runner_start": start_ticks(os.getpid()),
+                                        "pid": proc.pid, "started": time.time()})
         rc = None
         while rc is None:
             try:

@@ -49,6 +49,7 @@ class ToolPlayground:
         if not name:
             raise UIError("pick an env")
         with self._lock:
+            self._replace(None, None, "")  # a failed load leaves nothing of the previous source callable
             try:
                 env_id = resolve_env_id(name)
             except CLIError as e:
@@ -75,6 +76,7 @@ class ToolPlayground:
             raise UIError(f"MCP config is not valid JSON: {e}") from None
         hidden = _config_secrets(data)
         with self._lock:
+            self._replace(None, None, "")  # a failed load leaves nothing of the previous source callable
             try:
                 ts = MCPToolset(data)
             except (ValueError, TypeError) as e:
@@ -238,4 +240,25 @@ def score_file(path: Path, parts: Sequence[Mapping[str, Any]], *, limit: int = 2
         eps = run_sync(all_())
     except Exception as e:  # noqa: BLE001 - a reward that fails on this file is reported, not raised at the page
         raise UIError(f"the reward failed on {path.name}: {type(e).__name__}: {e}") from None
-    return {"weights": reward.weights, "n": len(rows), "shown": len(eps), "episodes": eps}
+    return {"weights": reward.weights, "n": len(rows), "shown": len(eps), "episodes": eps,
+            "warnings": missing_gold_warnings(parts, rows[:limit])}
+
+
+def missing_gold_warnings(parts: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per gold-answer reward whose field some episodes' tasks lack (those score 0 whatever the
+    answer), naming the field, the count and the task keys there are."""
+    lib = _library()
+    out = []
+    for p in parts:
+        name = str(p.get("name", ""))
+        if name not in ("exact_match", "f1", "numeric_match"):
+            continue
+        field = str(p.get("field") or "").strip() or lib[name][0]().field
+        tasks = [r.get("task") or {} for r in rows]
+        missing = [t for t in tasks if field not in t]
+        if missing:
+            keys = sorted({k for t in missing for k in t})
+            out.append(f"{name}: {len(missing)} of {len(tasks)} episodes' tasks have no {field!r} field, so they "
+                       f"score 0 whatever the answer; their task keys: {', '.join(keys) or '(none)'} (set the "
+                       "reward's field to the key holding the gold answer)")
+    return out

@@ -27,18 +27,24 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
 from toolgym.cli.common import add_ui_arguments
 from toolgym.errors import CLIError, ExitCode
 from toolgym.serve import access
 from trainers.ui import commands as C
+from trainers.ui.form import SetupStore
 from trainers.ui.jobs import JobError, JobStore, redact
 from trainers.ui.playground import ToolPlayground, UIError, reward_library, score_file
 
 __all__ = ["build_app", "build_parser", "check_bind", "main"]
 
 PAGE = Path(__file__).resolve().parent / "page.html"
+SCRIPT = PAGE.with_name("page.js")
+#: the UI pages' Content-Security-Policy: scripts only from the UI's own static file (no inline script, no
+#: script a page's data could smuggle in), nothing loaded from elsewhere
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'self'")
 COOKIE = "toolgym_ui_token"
 _LOOPBACK_NAMES = access.LOOPBACK_NAMES
 
@@ -72,6 +78,7 @@ class UI:
         self.tracking_uri = env["MLFLOW_TRACKING_URI"]
         self.jobs = JobStore(self.runs, env)
         self.tools = ToolPlayground()
+        self.setups = SetupStore(self.runs)
 
     def files(self, kind: str) -> list[str]:
         """Paths (relative to the runs dir) of trajectory files (``jsonl``), evaluation summaries (``eval``) or
@@ -175,6 +182,7 @@ def build_app(ui: UI) -> Any:
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Referrer-Policy"] = "no-referrer"  # a token in a URL never leaves in a Referer
         resp.headers["X-Frame-Options"] = "SAMEORIGIN"
+        resp.headers.setdefault("Content-Security-Policy", PAGE_CSP)
         return resp
 
     @app.exception_handler(UIError)
@@ -198,13 +206,17 @@ def build_app(ui: UI) -> Any:
     def page() -> Any:
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
+    @app.get("/static/page.js")
+    def page_js() -> Any:
+        return Response(SCRIPT.read_text(encoding="utf-8"), media_type="text/javascript; charset=utf-8")
+
     @app.get("/api/info")
     def info() -> Any:
         from toolgym.envs.registration import ENVS
 
         return {"runs": str(ui.runs), "tracking_uri": public_uri(ui.tracking_uri), "algorithms": C.algorithms(),
                 "configs": C.configs(), "rewards": reward_library(), "envs": list(ENVS),
-                "max_upload": ui.max_upload}
+                "max_upload": ui.max_upload, "gpu": C.has_gpu()}
 
     @app.get("/api/files")
     def files(kind: str) -> Any:
@@ -257,21 +269,38 @@ def build_app(ui: UI) -> Any:
             raise UIError(f"unknown algorithm {algorithm!r}; one of {', '.join(C.algorithms())}")
         return {"fields": [{"key": k, "help": h} for k, h in sorted(C.field_helps(algorithm).items())]}
 
-    def _train(d: dict[str, Any]) -> list[str]:
+    def _train(d: dict[str, Any], *, fresh: bool = False) -> list[str]:
         overrides = d.get("overrides") or {}
         if not isinstance(overrides, dict):
             raise UIError("overrides must be an object {field: value}")
         return C.train_argv(ui.runs, str(d.get("algorithm", "")), str(d.get("config", "")), overrides,
-                            str(d.get("run_name", "")))
+                            str(d.get("run_name", "")), fresh=fresh)
 
     @app.post("/api/train/command")
     async def train_command(request: Request) -> Any:
         return {"command": C.display(_train(await body(request)))}
 
+    @app.get("/api/setups")
+    def setups() -> Any:
+        return {"setups": ui.setups.names()}
+
+    @app.get("/api/setups/{name}")
+    def setup_load(name: str) -> Any:
+        return ui.setups.load(name)
+
+    @app.post("/api/setups")
+    async def setup_save(request: Request) -> Any:
+        d = await body(request)
+        return {"name": ui.setups.save(str(d.get("name", "")), d.get("setup") or {}), "setups": ui.setups.names()}
+
+    @app.get("/api/train/run_name")
+    def train_run_name(base: str) -> Any:
+        return {"run_name": C.free_run_name(ui.runs, base)}
+
     @app.post("/api/train/launch")
     async def train_launch(request: Request) -> Any:
         d = await body(request)
-        argv = _train(d)
+        argv = _train(d, fresh=True)
         return ui.jobs.launch("train", argv, title=f"{d.get('algorithm')} {d.get('run_name')}",
                               extra={"command": C.display(argv)})
 
@@ -305,7 +334,12 @@ def build_app(ui: UI) -> Any:
 
     @app.get("/view", response_class=HTMLResponse)
     def view(file: str, compare: str | None = None) -> Any:
-        from toolgym.report.viewer import TrajectoryFileError, load_trajectory_rows, render_html
+        from toolgym.report.viewer import (
+            TrajectoryFileError,
+            content_security_policy,
+            load_trajectory_rows,
+            render_html,
+        )
 
         a = C.inside(ui.runs, file, what="trajectory file")
         b = C.inside(ui.runs, compare, what="trajectory file") if compare else None
@@ -315,9 +349,12 @@ def build_app(ui: UI) -> Any:
         except (TrajectoryFileError, ValueError, OSError) as e:
             raise UIError(str(e)) from None
         title = a.name if b is None else f"{a.name} vs {b.name}"
-        return HTMLResponse(render_html(rows[:5000], tokenizer=None, title=title,
-                                        compare=None if other is None else other[:5000],
-                                        labels=(a.parent.name or "A", b.parent.name if b is not None else "B")))
+        page = render_html(rows[:5000], tokenizer=None, title=title, compare=None if other is None else other[:5000],
+                           labels=(a.parent.name or "A", b.parent.name if b is not None else "B"))
+        # the viewer's own policy (its one script, by hash) in a sandbox of its own: even a script that got in
+        # would run in an opaque origin, without the UI's cookie or same-origin access to its API
+        csp = content_security_policy() + "; sandbox allow-scripts; frame-ancestors 'self'"
+        return HTMLResponse(page, headers={"Content-Security-Policy": csp})
 
     # -- evaluate and registry --
     @app.post("/api/eval/launch")
@@ -327,6 +364,39 @@ def build_app(ui: UI) -> Any:
                                 str(d.get("split", "test")), str(d.get("tasks", "all")), str(d.get("name", "")))
         return ui.jobs.launch("eval", argv, title=f"eval {d.get('name')}",
                               extra={"command": C.display(argv), "eval_out": str(out)})
+
+    # -- play one episode --
+    @app.post("/api/play")
+    async def play(request: Request) -> Any:
+        d = await body(request)
+        try:
+            seed = int(d.get("seed", 0))
+        except (TypeError, ValueError):
+            raise UIError(f"bad seed {d.get('seed')!r}: a whole number from 0") from None
+        argv, out = C.play_argv(ui.runs, str(d.get("policy", "")), str(d.get("env", "")),
+                                str(d.get("split", "test")), seed)
+        return ui.jobs.launch("play", argv, title=f"play {d.get('env')} with {d.get('policy')}",
+                              extra={"command": C.display(argv), "play_out": str(out)})
+
+    @app.get("/api/play/{job_id}")
+    def play_episode(job_id: str) -> Any:
+        """The played job's state and, once written, its episode (the validated trajectory row)."""
+        from toolgym.trajectory import Trajectory, TrajectoryFileError, read_trajectories
+
+        st = ui.jobs.state(job_id, log=True, metrics=False)
+        if st.get("kind") != "play":
+            raise UIError(f"job {job_id} is not an episode played from the Play page")
+        path = Path(st["play_out"])
+        st["episode"] = None
+        if path.is_file():
+            try:
+                rows = read_trajectories(path)
+            except (TrajectoryFileError, ValueError, OSError) as e:
+                raise UIError(str(e)) from None
+            st["episode"] = rows[0] if rows else None
+            st["answer"] = Trajectory.from_dict(rows[0]).answer if rows else None
+            st["view"] = str(path.relative_to(ui.runs))
+        return st
 
     @app.post("/api/registry/{action}")
     async def registry(action: str, request: Request) -> Any:
