@@ -81,7 +81,7 @@ def _qcall(name: str, key: str, value: str) -> str:
         ({"type": ["integer", "null"]}, "4.5", 4.5),  # a type list: read as a Python literal, as vLLM does
         ({"type": ["string", "null"]}, "hello", "hello"),
         ({"type": ["integer", "null"]}, "None", None),
-        ({"oneOf": [{"type": "integer"}, {"type": "null"}]}, "7", "7"),  # vLLM reads only anyOf: text
+        ({"oneOf": [{"type": "integer"}, {"type": "null"}]}, "7", 7),  # oneOf read like anyOf (vLLM: text)
         ({"type": "number"}, "2.0", 2),
         ({"type": "number"}, "nan", "nan"),
         ({"type": "integer"}, "x", "x"),

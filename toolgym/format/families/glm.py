@@ -12,6 +12,7 @@ from toolgym.format.families.common import (
     arg_text,
 )
 from toolgym.format.families.qwen3_coder import json_value, python_literal
+from toolgym.format.families.schema_types import branch_type, branches, pick_branch, property_schemas
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -22,13 +23,21 @@ __all__ = ["Glm45Parser"]
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
-def _declares_string(spec: Any) -> bool:
-    if not isinstance(spec, Mapping):
-        return False
-    t = spec.get("type")
-    alts = spec.get("anyOf")
-    return (t == "string" or (isinstance(t, list) and "string" in t)
-            or (isinstance(alts, list) and any(isinstance(o, Mapping) and o.get("type") == "string" for o in alts)))
+def _read(raw: str, spec: Any) -> Any:
+    """A value as vLLM's GLM parsers read it: text for a string branch, else JSON, else a Python literal, else
+    text. ValueError for a literal with no JSON form (vLLM's turn fails there: no call)."""
+    if spec is not None and all(branch_type(b) in ("string", "null") for b in branches(spec)) \
+            and any(branch_type(b) == "string" for b in branches(spec)):
+        return raw
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        value = python_literal(raw)
+    except ValueError:
+        return raw
+    return json_value(value)
 
 
 @register_parser("glm45", "glm47")
@@ -44,33 +53,24 @@ class Glm45Parser(ToolCallBlocks, ToolCallParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self.string_params: dict[str, set[str]] = {}
+        self.param_schemas: dict[str, dict[str, Any]] = {}
 
     def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        """Also note which parameters are strings (``"string"``, a type list or an ``anyOf`` with a string)."""
+        """Also keep each parameter's resolved JSON schema (references inlined, root unions merged)."""
         super().set_tools(schemas)
-        self.string_params = {}
+        self.param_schemas = {}
         for s in schemas or ():
             f = s.get("function", s) if isinstance(s, Mapping) else {}
             params = f.get("parameters") if isinstance(f, Mapping) else None
-            props = params.get("properties") if isinstance(params, Mapping) else None
-            if isinstance(f.get("name"), str) and isinstance(props, Mapping):
-                self.string_params[f["name"]] = {k for k, v in props.items() if _declares_string(v)}
+            if isinstance(f.get("name"), str) and isinstance(params, Mapping):
+                self.param_schemas[f["name"]] = property_schemas(params)
 
     def _typed(self, tool: str, key: str, raw: str) -> Any:
-        """A value as vLLM's GLM parsers read it: text for a string parameter, else JSON, else a Python literal,
-        else text. ValueError for a literal with no JSON form (vLLM's turn fails there: no call)."""
-        if key in self.string_params.get(tool, ()):
-            return raw
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            pass
-        try:
-            value = python_literal(raw)
-        except ValueError:
-            return raw
-        return json_value(value)
+        """A value read with its parameter's schema: the union rule of :mod:`schema_types` for a union, else
+        :func:`_read` (a string parameter stays text)."""
+        spec = self.param_schemas.get(tool, {}).get(key)
+        chosen, value = pick_branch(raw, spec, _read)
+        return value if chosen else _read(raw, spec)
 
     def close_token(self, parsed: ParsedTurn) -> str | None:
         return "<|observation|>" if parsed.calls else "<|user|>"

@@ -34,6 +34,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.format.families.common import split_reasoning
+from toolgym.format.families.schema_types import (
+    branch_type,
+    branches,
+    pick_branch,
+    property_schemas,
+    reject_underscored_numbers,
+)
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -168,8 +175,9 @@ class TagScanner:
 
 def resolve_type(spec: Any) -> tuple[str, bool]:
     """``(type, nullable)`` of a parameter's JSON schema, read as vLLM reads it: ``type`` when it is a name
-    (a list of names gives ``"[...]"``, converted like an untyped value), else the first non-null
-    ``type`` among the ``anyOf`` options; ``"string"`` when neither names one."""
+    (a list of names gives ``"[...]"``, converted like an untyped value), else the first non-null type among the
+    union branches (``anyOf``/``oneOf``, nested ones flattened; a branch's ``const``/``enum`` values give its
+    type); ``"string"`` when none names one."""
     if not isinstance(spec, Mapping):
         return "string", False
     if "type" in spec:
@@ -178,16 +186,13 @@ def resolve_type(spec: Any) -> tuple[str, bool]:
             return "[...]", False
         typ = str(t).strip().lower()
         return typ, typ == "null"
-    typ, nullable = "string", False
-    alts = spec.get("anyOf")
-    picked = False
-    for option in alts if isinstance(alts, list) else ():
-        if isinstance(option, Mapping) and "type" in option:
-            t = str(option["type"]).strip().lower()
-            if t == "null":
-                nullable = True
-            elif not picked:
-                typ, picked = t, True
+    typ, nullable, picked = "string", False, False
+    for option in branches(spec):
+        t = branch_type(option)
+        if t == "null":
+            nullable = True
+        elif t is not None and not picked:
+            typ, picked = t, True
     return typ, nullable
 
 
@@ -202,7 +207,9 @@ def json_value(v: Any) -> Any:
 def python_literal(text: str) -> Any:
     """A Python literal (``{'k': 'v'}``, ``None``, ``(1, 2)``), or ValueError."""
     try:
-        return ast.literal_eval(text)
+        tree = ast.parse(text.strip(), mode="eval")
+        reject_underscored_numbers(text.strip(), tree)
+        return ast.literal_eval(tree)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:
         raise ValueError(str(e)) from None
 
@@ -212,6 +219,15 @@ def convert_value(raw: str, spec: Any) -> Any:
     value stays text). Raises ValueError where the text cannot have the declared type and vLLM would guess."""
     if spec is None:
         return raw
+    chosen, value = pick_branch(raw, spec, _convert_one)
+    return value if chosen else _convert_one(raw, spec)
+
+
+_INTEGER_TEXT = re.compile(r"\s*-?\d+\s*")
+
+
+def _convert_one(raw: str, spec: Any) -> Any:
+    """:func:`convert_value` for one branch (no union rule)."""
     typ, nullable = resolve_type(spec)
     is_null = raw.lower() in ("null", "none")
     if nullable and is_null:
@@ -222,10 +238,15 @@ def convert_value(raw: str, spec: Any) -> Any:
         return None
     if typ.startswith(_INT_PREFIXES):
         try:
-            return int(raw)
-        except ValueError:
+            return int(raw) if _INTEGER_TEXT.fullmatch(raw) else raw
+        except ValueError:  # more digits than Python converts
             return raw
     if typ.startswith(("num", "float")):
+        if _INTEGER_TEXT.fullmatch(raw):  # integral text stays an exact integer, never through a float
+            try:
+                return int(raw)
+            except ValueError:
+                return raw
         try:
             f = float(raw)
         except ValueError:
@@ -288,9 +309,8 @@ class Qwen3CoderParser(ToolCallParser):
         for s in schemas or ():
             f = s.get("function", s) if isinstance(s, Mapping) else {}
             params = f.get("parameters") if isinstance(f, Mapping) else None
-            props = params.get("properties") if isinstance(params, Mapping) else None
-            if isinstance(f.get("name"), str) and isinstance(props, Mapping):
-                self.param_schemas[f["name"]] = dict(props)
+            if isinstance(f.get("name"), str) and isinstance(params, Mapping):
+                self.param_schemas[f["name"]] = property_schemas(params)
 
     def _names(self, tool: str) -> frozenset[str] | None:
         props = self.param_schemas.get(tool)
