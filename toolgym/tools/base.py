@@ -44,6 +44,7 @@ class ToolErrorKind(StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"  #: arguments fail the tool's JSON schema
     TIMEOUT = "timeout"  #: the call outran its timeout and was cancelled
     EXCEPTION = "exception"  #: the tool raised, or reported an error itself (MCP ``isError``)
+    CALL_LIMIT = "call_limit"  #: the turn made more calls than the env runs per turn; this one was not run
 
 
 class ToolError(Exception):

@@ -1,0 +1,159 @@
+"""Faults that must cost one episode or one call, never the run: a reward that never returns, raises or scores
+NaN/inf; a turn with thousands of tool calls; a prompt that alone fills the token budget. Real envs, the embedded
+tokenizer and the oracle policy throughout; the faulty rewards are the only fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+import toolgym  # noqa: F401 - registers the envs
+from toolgym.envs.base import ToolEnv
+from toolgym.eval import evaluate
+from toolgym.rewards.base import Reward
+from toolgym.tools.function import tool
+
+CALC = "toolgym/Calculator-v0"
+
+
+def _strict_rows(path) -> list[dict]:
+    def refuse(const: str) -> None:
+        raise ValueError(f"non-standard JSON constant {const}")
+
+    return [json.loads(line, parse_constant=refuse) for line in path.read_text().splitlines()]
+
+
+class _HangsOnce:
+    """A sync reward that never returns on the first task it sees scored second; 1.0 elsewhere."""
+
+    def __init__(self, bad) -> None:
+        self.bad, self.seen, self.lock = bad, 0, threading.Lock()
+        self.__name__ = "faulty"
+
+    def __call__(self, traj, task):
+        with self.lock:
+            self.seen += 1
+            mine = self.seen == 2
+        return self.bad() if mine else 1.0
+
+
+class _AsyncHang(Reward):
+    name = "async_hang"
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def outcome(self, trajectory, task):
+        self.seen += 1
+        if self.seen == 2:
+            await asyncio.Event().wait()  # never set
+        return 1.0
+
+
+def _forever() -> float:
+    threading.Event().wait()
+    return 1.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("reward", ["sync", "async"])
+def test_a_reward_that_never_returns_costs_its_episode_only(tmp_path, reward) -> None:
+    out = tmp_path / "rows.jsonl"
+    fn = _HangsOnce(_forever) if reward == "sync" else _AsyncHang()
+    rep = evaluate(CALC, "oracle", 4, env_kwargs={"reward": fn, "reward_timeout_s": 1.0}, num_envs=2, out=str(out))
+    rows = _strict_rows(out)
+    assert len(rows) == 4  # before: eval hung for ever and no row was written
+    bad = [r for r in rows if r["errors"]]
+    assert len(bad) == 1 and list(bad[0]["errors"]) == ["reward_timeout"], [r["errors"] for r in rows]
+    assert bad[0]["outcome_reward"] == 0.0
+    assert rep.episode_errors == {"reward_timeout": 1}
+    assert rep.success == 0.75
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("value", "kind"), [
+    (lambda: float("nan"), "reward_non_finite"),
+    (lambda: float("inf"), "reward_non_finite"),
+    (lambda: -float("inf"), "reward_non_finite"),
+    (lambda: 1 / 0, "reward_exception"),
+])
+def test_a_reward_that_cannot_score_is_a_classified_error(tmp_path, value, kind) -> None:
+    out = tmp_path / "rows.jsonl"
+    rep = evaluate(CALC, "oracle", 4, env_kwargs={"reward": _HangsOnce(value)}, num_envs=2, out=str(out))
+    rows = _strict_rows(out)  # before: a bare NaN / Infinity in the rows
+    assert [list(r["errors"]) for r in rows].count([kind]) == 1
+    assert sum(r["outcome_reward"] for r in rows) == 3.0
+    json.dumps(rep.to_dict(), allow_nan=False)  # the --json report is strict JSON
+    assert rep.success == 0.75  # before: inf counted as a success, NaN made the mean reward NaN
+    assert rep.episode_errors == {kind: 1}
+    assert f"{kind}=1" in rep.format_table()
+
+
+_RAN: list[int] = []
+
+
+@tool
+def tick(n: int) -> str:
+    """Count one call.
+
+    Args:
+        n: the call's number
+    """
+    _RAN.append(n)
+    return str(n)
+
+
+def _calls(n: int) -> str:
+    return "".join(f'<tool_call>\n{{"name": "tick", "arguments": {{"n": {i}}}}}\n</tool_call>' for i in range(n))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cap", "n"), [(None, 200), (5, 12)])
+def test_calls_past_the_per_turn_cap_are_answered_but_not_run(cap, n) -> None:
+    kw = {} if cap is None else {"max_calls_per_turn": cap}
+    env = ToolEnv([{"id": "a", "prompt": "p"}], [tick], max_episode_tokens=32768, max_turns=3, **kw)
+    limit = env.max_calls_per_turn
+    assert limit == (cap or 32)
+    _RAN.clear()
+    env.reset(seed=0)
+    _, _, terminated, _, info = env.step(env.encode_action(_calls(n)))
+    assert sorted(_RAN) == list(range(limit))  # before: all n ran
+    kinds = [r["error_kind"] for r in info["results"]]
+    assert len(kinds) == n and kinds[:limit] == [None] * limit and kinds[limit:] == ["call_limit"] * (n - limit)
+    assert f"at most {limit} run per turn" in info["results"][-1]["content"]
+    env.close()
+
+
+@tool
+def noop() -> str:
+    """Do nothing."""
+    return "ok"
+
+
+@pytest.mark.timeout(120)
+def test_a_prompt_longer_than_the_budget_is_an_error_not_the_models_answer() -> None:
+    scored: list[int] = []
+
+    def reward(traj, task) -> float:
+        scored.append(1)
+        return 1.0
+
+    env = ToolEnv([{"id": "a", "prompt": "word " * 400}], [noop], reward=reward, max_episode_tokens=128)
+    _, info = env.reset(seed=0)
+    assert "prompt_too_long" in info["errors"]
+    _, r, terminated, truncated, info = env.step(env.encode_action("<answer>1</answer>"))
+    assert (terminated, truncated, r) == (False, True, 0.0)  # before: terminated, scored as the model's answer
+    assert "prompt_too_long" in info["trajectory"].errors and not scored
+    env.close()
+
+
+@pytest.mark.timeout(120)
+def test_eval_counts_prompts_over_budget_apart(tmp_path) -> None:
+    out = tmp_path / "rows.jsonl"
+    rep = evaluate(CALC, "oracle", 3, env_kwargs={"max_episode_tokens": 40}, num_envs=2, out=str(out))
+    assert rep.episode_errors == {"prompt_too_long": 3}
+    assert rep.truncated == 1.0 and rep.turns == 0.0
+    assert all(not r["terminated"] and "prompt_too_long" in r["errors"] for r in _strict_rows(out))
