@@ -157,3 +157,85 @@ def test_eval_counts_prompts_over_budget_apart(tmp_path) -> None:
     assert rep.episode_errors == {"prompt_too_long": 3}
     assert rep.truncated == 1.0 and rep.turns == 0.0
     assert all(not r["terminated"] and "prompt_too_long" in r["errors"] for r in _strict_rows(out))
+
+
+# -- one writer per output file ------------------------------------------------------------------------------------
+
+_HOLDER = """
+import sys
+from toolgym.jsonl import JSONLStream
+s = JSONLStream(sys.argv[1])
+s.write({"row": "first"})
+print("ready", flush=True)
+sys.stdin.readline()
+s.write({"row": "second"})
+s.close()
+"""
+
+
+def _holder(path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).parent.parent)
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env={**__import__("os").environ, "PYTHONPATH": root})
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+@pytest.mark.timeout(120)
+def test_a_second_writer_of_an_output_file_is_refused_and_the_first_keeps_its_rows(tmp_path) -> None:
+    import errno
+
+    from toolgym.errors import OutputFileError
+    from toolgym.jsonl import JSONLStream, read_jsonl
+
+    out = tmp_path / "rows.jsonl"
+    p = _holder(out)
+    try:
+        with pytest.raises(OutputFileError) as e:
+            JSONLStream(out)  # before: accepted; its first row replaced the file under the first writer
+        assert e.value.errno == errno.EBUSY and f"process {p.pid}" in str(e.value)
+        link = tmp_path / "link.jsonl"
+        link.symlink_to(out)
+        with pytest.raises(OutputFileError):
+            JSONLStream(link)  # the same file by another name
+    finally:
+        p.communicate("go\n", timeout=60)
+    assert p.returncode == 0
+    assert read_jsonl(out) == [{"row": "first"}, {"row": "second"}]
+    with JSONLStream(out) as s:  # free again once the first writer closed
+        s.write({"row": "third"})
+    assert read_jsonl(out) == [{"row": "third"}]
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["link.jsonl", "rows.jsonl"]  # no lock file left
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_writer_leaves_no_lock(tmp_path) -> None:
+    from toolgym.jsonl import JSONLStream, read_jsonl
+
+    out = tmp_path / "rows.jsonl"
+    p = _holder(out)
+    p.kill()
+    p.wait(60)
+    with JSONLStream(out) as s:
+        s.write({"row": "next"})
+    assert read_jsonl(out) == [{"row": "next"}]
+
+
+@pytest.mark.timeout(180)
+def test_eval_to_an_output_another_run_writes_exits_3_before_any_work(tmp_path, capsys) -> None:
+    from toolgym.cli import main
+    from toolgym.jsonl import read_jsonl
+
+    out = tmp_path / "rows.jsonl"
+    p = _holder(out)
+    try:
+        code = main(["eval", CALC, "--policy", "oracle", "--tasks", "2", "--out", str(out)])
+        assert code == 3  # before: 0, and the first run's rows were gone
+        assert "another run is writing it" in capsys.readouterr().err
+        assert read_jsonl(out) == [{"row": "first"}]
+    finally:
+        p.communicate("go\n", timeout=60)
