@@ -239,3 +239,78 @@ def test_eval_to_an_output_another_run_writes_exits_3_before_any_work(tmp_path, 
         assert read_jsonl(out) == [{"row": "first"}]
     finally:
         p.communicate("go\n", timeout=60)
+
+
+# -- a tool result whose text is slow to make ---------------------------------------------------------------------
+
+_EVENTS: list[tuple[str, float]] = []
+
+
+class _SlowText:
+    """A result whose ``__str__`` takes seconds (the tool's own code, run after the tool returned)."""
+
+    def __str__(self) -> str:
+        import time
+
+        time.sleep(4)
+        _EVENTS.append(("str done", __import__("time").monotonic()))
+        return "slow"
+
+
+class _SlowStr(str):
+    def __str__(self) -> str:
+        _EVENTS.append(("subclass __str__", 0.0))
+        return "from __str__"
+
+    def encode(self, *a, **k):  # noqa: ANN002, ANN003
+        _EVENTS.append(("subclass encode", 0.0))
+        return super().encode(*a, **k)
+
+
+@tool(timeout_s=0.5)
+async def slow_text() -> str:
+    """Return a result slow to print."""
+    return _SlowText()  # type: ignore[return-value]
+
+
+@tool(timeout_s=0.5)
+async def str_subclass() -> str:
+    """Return a str subclass."""
+    return _SlowStr("plain text")
+
+
+@tool
+async def healthy(n: int) -> str:
+    """Answer after a short wait.
+
+    Args:
+        n: the call's number
+    """
+    await asyncio.sleep(0.05)
+    _EVENTS.append(("healthy", __import__("time").monotonic()))
+    return str(n)
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_str_of_a_result_is_timed_out_off_the_loop() -> None:
+    env = ToolEnv([{"id": "a", "prompt": "p"}], [slow_text, healthy, str_subclass], max_episode_tokens=8192)
+    env.reset(seed=0)
+    _EVENTS.clear()
+    calls = '<tool_call>\n{"name": "slow_text", "arguments": {}}\n</tool_call>' + "".join(
+        f'<tool_call>\n{{"name": "healthy", "arguments": {{"n": {i}}}}}\n</tool_call>' for i in range(8))
+    _, _, _, _, info = env.step(env.encode_action(calls))
+    kinds = [r["error_kind"] for r in info["results"]]
+    assert kinds == ["timeout"] + [None] * 8, kinds  # before: "ok" after the whole __str__
+    import time
+
+    deadline = time.monotonic() + 30
+    while not any(e == "str done" for e, _ in _EVENTS) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    done = next(t for e, t in _EVENTS if e == "str done")
+    assert all(t < done for e, t in _EVENTS if e == "healthy")  # before: the healthy calls waited for it
+    _EVENTS.clear()
+    _, _, _, _, info = env.step(env.encode_action(
+        '<tool_call>\n{"name": "str_subclass", "arguments": {}}\n</tool_call>'))
+    assert info["results"][0]["content"] == "plain text" and type(info["results"][0]["content"]) is str
+    assert _EVENTS == []  # none of the subclass's code ran after the call
+    env.close()

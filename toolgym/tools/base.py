@@ -186,5 +186,8 @@ def canonical_arguments(arguments: Mapping[str, Any]) -> str:
 
 
 def text_of(out: Any) -> str:
-    """The text of a tool's return value: ``str`` as is, anything else through ``str()``."""
-    return out if isinstance(out, str) else str(out)
+    """The text of a tool's return value as an exact ``str``: a ``str`` as is, anything else through ``str()``. A
+    subclass of ``str`` is copied into a plain ``str`` (``str.__str__``, which runs none of the subclass's code), so
+    no later ``str()`` or ``encode()`` of the result runs a tool's code outside its call's timeout."""
+    text = out if isinstance(out, str) else str(out)
+    return text if type(text) is str else str.__str__(text)
