@@ -68,7 +68,7 @@ def test_a_reward_that_never_returns_costs_its_episode_only(tmp_path, reward) ->
     assert len(rows) == 4  # before: eval hung for ever and no row was written
     bad = [r for r in rows if r["errors"]]
     assert len(bad) == 1 and list(bad[0]["errors"]) == ["reward_timeout"], [r["errors"] for r in rows]
-    assert bad[0]["outcome_reward"] == 0.0
+    assert bad[0]["outcome_reward"] == 0.0 and bad[0]["truncated"] and not bad[0]["terminated"]
     assert rep.episode_errors == {"reward_timeout": 1}
     assert rep.success == 0.75
 

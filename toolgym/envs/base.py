@@ -23,7 +23,7 @@ from toolgym.format.chat import ChatFormat
 from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
-from toolgym.rewards.guard import DEFAULT_REWARD_TIMEOUT_S, guarded
+from toolgym.rewards.guard import DEFAULT_REWARD_TIMEOUT_S, RewardFault, guarded
 from toolgym.tools.base import Seconds, Tool, ToolErrorKind, ToolResult, error_text
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
@@ -84,8 +84,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         max_calls_per_turn: tool calls run per assistant turn (default 32); the calls past it are not run, each is
             answered with a ``call_limit`` error (every call still gets exactly one result).
         reward_timeout_s: seconds one reward call (outcome, or one turn's) may take (default 300; ``None``: no
-            limit). A reward that times out, raises or returns a non-finite score scores 0 for that episode, with the
-            error in ``Trajectory.errors`` (``reward_timeout`` / ``reward_exception`` / ``reward_non_finite``) and
+            limit). A reward that times out, raises or returns a non-finite score scores 0 for that episode, which
+            ends truncated, with the error in ``info["error"]``, ``Trajectory.errors`` (``reward_timeout`` / ``reward_exception`` / ``reward_non_finite``) and
             ``info["errors"]``; the other episodes are untouched (see :mod:`toolgym.rewards.guard`).
 
     A prompt that alone fills ``max_episode_tokens`` ends its episode truncated at the first step, before the
@@ -258,7 +258,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             traj.truncated = True
             info: dict[str, Any] = {
                 "turn": -1, "trajectory": traj, "drift": traj.drift, "outcome_reward": traj.outcome_reward,
-                "errors": dict(traj.errors), "env_time_s": Seconds(time.perf_counter() - t0),
+                "errors": dict(traj.errors), "error": traj.errors["prompt_too_long"],
+                "env_time_s": Seconds(time.perf_counter() - t0),
             }
             return _EMPTY, 0.0, False, True, info
         ids = np.asarray(action).reshape(-1).astype(np.int64, copy=False).tolist() if np.size(action) else []
@@ -295,7 +296,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
         reward = 0.0
         if self.reward is not None and self.reward.per_turn:
-            score = await self._score(turn_score(self.reward, turn, traj, self.task))
+            score, _ = await self._score(turn_score(self.reward, turn, traj, self.task))
             turn.reward, turn.reward_components = score.value, dict(score.components)
             reward += turn.reward
         done = terminated or truncated
@@ -315,9 +316,13 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             self._done = True
             traj.terminated, traj.truncated = terminated, truncated
             if self.reward is not None:
-                score = await self._score(outcome_score(self.reward, traj, self.task))
+                score, fault = await self._score(outcome_score(self.reward, traj, self.task))
                 traj.outcome_reward, traj.reward_components = score.value, dict(score.components)
                 reward += traj.outcome_reward
+                if fault is not None:  # no trustworthy outcome: the episode ends truncated, as on any env fault
+                    terminated, truncated = False, True
+                    traj.terminated, traj.truncated = terminated, truncated
+                    info["error"] = fault.message
             if len(conv) > DRIFT_OFF_LOOP_TOKENS:
                 traj.drift = await asyncio.to_thread(conv.check_drift)
             else:
@@ -330,15 +335,15 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         info["env_time_s"] = Seconds(time.perf_counter() - t0)
         return obs, reward, terminated, truncated, info
 
-    async def _score(self, call: Any) -> Any:
-        """One reward call under the reward time limit, on the runtime loop; a fault is recorded in
-        ``Trajectory.errors`` and scores 0 (:func:`toolgym.rewards.guard.guarded`)."""
+    async def _score(self, call: Any) -> tuple[Any, RewardFault | None]:
+        """One reward call under the reward time limit, on the runtime loop: ``(Score, fault or None)``; a fault is
+        recorded in ``Trajectory.errors`` and scores 0 (:func:`toolgym.rewards.guard.guarded`)."""
         assert self.reward is not None and self.trajectory is not None
         score, fault = await runtime.run_async(guarded(call, self.reward.name, self.reward_timeout_s))
         if fault is not None:
             logger.warning("toolgym: %s", fault.message)
             self.trajectory.errors.setdefault(fault.key, fault.message)
-        return score
+        return score, fault
 
     # -- the environment's answer to a turn --------------------------------------------------------
     async def env_response(self, turn: Turn) -> list[dict[str, Any]] | None:
