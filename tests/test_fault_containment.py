@@ -314,3 +314,66 @@ def test_a_slow_str_of_a_result_is_timed_out_off_the_loop() -> None:
     assert info["results"][0]["content"] == "plain text" and type(info["results"][0]["content"]) is str
     assert _EVENTS == []  # none of the subclass's code ran after the call
     env.close()
+
+
+# -- toolgym serve model: a prompt too big to fit is refused before it is tokenised ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    from toolgym.serve.model import ModelServer, load
+
+    model, tok, name = load("tiny")
+    server = ModelServer(model, tok, served_model_name=name, max_batch_size=2, max_body_bytes=16 * 1024**2)
+    url = server.start_in_thread()
+    yield server, url
+    server.stop_thread()
+
+
+def _post_raw(url: str, data: bytes) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_prompt_that_cannot_fit_is_refused_without_tokenising(small_server, path) -> None:
+    server, url = small_server
+    tokenised: list[str] = []
+    for attr in ("_prompts", "_chat_prompt"):
+        real = getattr(type(server), attr)
+        setattr(server, attr, lambda *a, _real=real, _name=attr: (tokenised.append(_name), _real(server, *a))[1])
+    try:
+        text = "lorem ipsum " * 700_000  # 8.4 MB
+        body = {"prompt": text} if "chat" not in path else {"messages": [{"role": "user", "content": text}]}
+        status, out = _post_raw(url + path, json.dumps({**body, "max_tokens": 2}).encode())
+        assert status == 400 and "characters" in out["error"]["message"], out
+        assert tokenised == []  # before: seconds of tokenising, then the same 400
+        short = {"prompt": "hi"} if "chat" not in path else {"messages": [{"role": "user", "content": "hi"}]}
+        status, _ = _post_raw(url + path, json.dumps({**short, "max_tokens": 2}).encode())
+        assert status == 200 and tokenised
+    finally:
+        server.__dict__.pop("_prompts", None)
+        server.__dict__.pop("_chat_prompt", None)
+
+
+@pytest.mark.timeout(120)
+def test_a_body_over_the_size_limit_is_refused_before_it_is_read(small_server) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    _, url = small_server
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+        # announces 17 MiB and sends none of it: the answer comes from the header alone
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % (17 * 1024**2))
+        head = s.recv(4096).decode("latin-1")
+    assert head.startswith("HTTP/1.1 413"), head[:200]
