@@ -12,7 +12,7 @@ import pytest
 
 import toolgym  # noqa: F401 - registers the envs
 from toolgym.envs.base import ToolEnv
-from toolgym.eval import evaluate
+from toolgym.evaluation import evaluate
 from toolgym.rewards.base import Reward
 from toolgym.tools.function import tool
 
