@@ -139,3 +139,24 @@ def test_an_http_server_that_never_answers_fails_within_the_configured_timeout()
         for s in held:
             s.close()
         listener.close()
+
+
+@pytest.mark.timeout(180)
+def test_answers_in_the_pipe_when_a_stdio_server_dies_are_all_delivered() -> None:
+    # the server answers 151 calls, then exits on reading the next while the client is still writing the batch
+    ts = MCPToolset({"mcpServers": {"raw": _stdio(RAW_SERVER, "die-after", "151")}}, backoff_s=0.05)
+    ex = ToolExecutor(ts.connect(), default_timeout_s=30, max_retries=0)
+
+    async def go():
+        for _ in range(3):  # the first round on the first server process, the others on restarted ones
+            assert (await ex.run(ToolCall("good", {"text": "warm"}))).content == "warm"
+            res = await ex.run_many([ToolCall("good", {"text": str(i)}) for i in range(299)])
+            answered = [r.content for r in res if r.ok]
+            # every answer the server wrote reaches its caller; only the calls it never answered are lost
+            assert answered == [str(i) for i in range(150)], (len(answered), res[len(answered)].content)
+            assert all("connection lost" in r.content for r in res[150:])
+
+    try:
+        runtime.run_sync(go())
+    finally:
+        ts.close()

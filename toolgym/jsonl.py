@@ -3,7 +3,9 @@
 * :func:`iter_jsonl` / :func:`read_jsonl` read a file line by line (streaming), naming ``path:line`` on a bad line;
 * :func:`write_jsonl` writes rows atomically (a temporary file renamed into place) or appends them;
 * :class:`JSONLStream` streams rows as they are produced (``toolgym eval`` / ``rollout`` output), never emptying an
-  existing file before the first new row exists;
+  existing file before the first new row exists, and holds the file's writer lock for its whole life: a second
+  stream to the same file (another process, or another run in this one) is refused with
+  :class:`~toolgym.errors.OutputFileError`, never allowed to replace the first one's rows;
 * :func:`check_writable` checks an output path before any work starts.
 
 Output policy (every writer here): an output path that is a symbolic link is written *through* (the file it points
@@ -21,6 +23,7 @@ JSONL library offers atomic replacement or a streaming writer that never truncat
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -31,7 +34,10 @@ from typing import Any
 
 from toolgym.errors import OutputFileError
 
-__all__ = ["MAX_DEPTH", "JSONLStream", "check_writable", "iter_jsonl", "output_target", "read_jsonl", "write_jsonl"]
+__all__ = [
+    "MAX_DEPTH", "JSONLStream", "check_writable", "iter_jsonl", "lock_output", "output_target", "read_jsonl",
+    "unlock_output", "write_jsonl",
+]
 
 MAX_DEPTH = 100
 """Deepest nesting a row keeps when it is too deep to encode (values below it become :data:`_CUT`)."""
@@ -211,6 +217,58 @@ def write_jsonl(
     return given
 
 
+def _lock_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}.lock")
+
+
+def _busy(target: Path, holder: str) -> OutputFileError:
+    who = f" (process {holder})" if holder else ""
+    return OutputFileError(errno.EBUSY, f"cannot write {target}: another run is writing it{who}; give this run "
+                                        "another output file, or wait for that run to finish", str(target))
+
+
+def lock_output(path: str | os.PathLike[str]) -> int:
+    """Take the writer lock of the output file ``path`` (an exclusive ``flock`` on ``.<name>.lock`` next to the file
+    it resolves to; the file itself is replaced atomically, so its own inode cannot carry the lock) and return the
+    lock's file descriptor; release it with :func:`unlock_output`. The lock ends with the process, however it ends.
+
+    Raises:
+        OutputFileError: ``EBUSY`` while another writer holds it (its process id in the message).
+    """
+    target = output_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = _lock_path(target)
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise _failed(e, target, f" (its writer lock {lock.name} cannot be created)") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise _busy(target, holder) from None
+        try:  # the holder before us may have removed the lock file between our open and our flock: retry
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
+        os.close(fd)
+
+
+def unlock_output(path: str | os.PathLike[str], fd: int) -> None:
+    """Release a lock of :func:`lock_output` (its file is removed while still held, so no waiter locks a stale one)."""
+    try:
+        _lock_path(output_target(path)).unlink(missing_ok=True)
+    except OSError:
+        pass
+    os.close(fd)
+
+
 class JSONLStream:
     """Writes JSONL rows one at a time as they are produced, without ever emptying an existing file early.
 
@@ -218,12 +276,17 @@ class JSONLStream:
     are appended to it. Each row is one unbuffered ``write`` of the whole line, so a killed process leaves complete
     lines (a row is cut only if the kernel itself splits the write). Use as a context manager or call
     :meth:`close`. ``rows`` counts the rows written. numpy values and objects with ``to_dict()`` are encoded.
+
+    The stream holds the file's writer lock (:func:`lock_output`) from construction to :meth:`close`: a second
+    stream to the same file raises :class:`~toolgym.errors.OutputFileError` (``EBUSY``) at construction.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.fh: Any = None
         self.rows = 0
+        self._lock: int | None = None
+        self._lock = lock_output(self.path)
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Write one row (whole: a failure part-way, e.g. a full disk, leaves the file as it was before the row and
@@ -254,6 +317,9 @@ class JSONLStream:
         if self.fh is not None:
             self.fh.close()
             self.fh = None
+        if self._lock is not None:
+            unlock_output(self.path, self._lock)
+            self._lock = None
 
     def __enter__(self) -> JSONLStream:
         return self
@@ -274,5 +340,6 @@ def check_writable(path: str | os.PathLike[str]) -> None:
     probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
     probe.open("w").close()
     probe.unlink()
+    unlock_output(p, lock_output(p))  # another run writing it now: refused before any work starts
     if p.exists() and not os.access(p, os.W_OK):
         raise PermissionError(13, "permission denied", str(p))

@@ -139,6 +139,10 @@ class Trajectory:
         terminated / truncated: how the episode ended.
         drift: ``{}`` when ``prompt_ids + completion_ids`` equal the chat template's tokens for ``messages``;
             otherwise the first differing index and the token windows around it.
+        errors: ``{kind: message}`` faults of the episode that are not the model's: ``prompt_too_long`` (the prompt
+            alone fills the token budget; the episode ends truncated before any turn), ``reward_timeout``,
+            ``reward_exception``, ``reward_non_finite`` (the reward could not score; the episode scores 0). Empty
+            when there are none. Evaluation reports count them apart from the model's failures.
     """
 
     prompt_ids: list[int]
@@ -153,6 +157,7 @@ class Trajectory:
     terminated: bool = False
     truncated: bool = False
     drift: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def reward(self) -> float:
@@ -204,6 +209,7 @@ class Trajectory:
             "terminated": self.terminated,
             "truncated": self.truncated,
             "drift": self.drift,
+            "errors": dict(self.errors),
             "messages": self.messages,
         }
 
@@ -233,6 +239,7 @@ class Trajectory:
             terminated=bool(row.get("terminated", False)),
             truncated=bool(row.get("truncated", False)),
             drift=dict(row.get("drift") or {}),
+            errors=dict(row.get("errors") or {}),
         )
 
     def clip(self, max_tokens: int | None) -> Trajectory:
@@ -384,6 +391,9 @@ def check_trajectory_row(row: Any) -> None:
         _check_type(row, key, Mapping, "", "an object")
     if row.get("drift"):
         _check_drift(row["drift"])
+    errs = row.get("errors", {})
+    if not isinstance(errs, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in errs.items()):
+        raise _bad("errors", "expected an object of strings")
     for key in ("outcome_reward", "reward"):
         if key in row and not _is_num(row[key]):
             raise _bad(key, f"expected a number, got {_kind(row[key])}")
@@ -467,15 +477,19 @@ def read_trajectories(
 
 def summarize(trajectories: Sequence[Trajectory], *, success_threshold: float = 1.0) -> dict[str, Any]:
     """Aggregate metrics: mean reward, success rate (``outcome_reward >= success_threshold``), tool-call rate
-    (fraction of episodes with at least one call), calls per episode, error counts by kind, mean turns, and the
-    fraction of episodes that ended truncated."""
+    (fraction of episodes with at least one call), calls per episode, tool error counts by kind, episode error
+    counts by kind (``Trajectory.errors``: faults that are not the model's), mean turns, and the fraction of episodes
+    that ended truncated."""
     n = len(trajectories)
     if n == 0:
         return {"episodes": 0}
     errors: dict[str, int] = {}
+    episode_errors: dict[str, int] = {}
     for t in trajectories:
         for k in t.error_kinds:
             errors[k] = errors.get(k, 0) + 1
+        for k in t.errors:
+            episode_errors[k] = episode_errors.get(k, 0) + 1
     return {
         "episodes": n,
         "reward": float(np.mean([t.reward for t in trajectories])),
@@ -483,6 +497,7 @@ def summarize(trajectories: Sequence[Trajectory], *, success_threshold: float = 
         "tool_call_rate": float(np.mean([t.num_tool_calls > 0 for t in trajectories])),
         "calls_per_episode": float(np.mean([t.num_tool_calls for t in trajectories])),
         "errors": errors,
+        "episode_errors": episode_errors,
         "turns": float(np.mean([len(t.turns) for t in trajectories])),
         "truncated": float(np.mean([t.truncated for t in trajectories])),
     }

@@ -23,7 +23,8 @@ from toolgym.format.chat import ChatFormat
 from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
-from toolgym.tools.base import Seconds, Tool
+from toolgym.rewards.guard import DEFAULT_REWARD_TIMEOUT_S, RewardFault, guarded
+from toolgym.tools.base import Seconds, Tool, ToolErrorKind, ToolResult, error_text
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
 
@@ -39,6 +40,8 @@ OBS_CHARS_PER_TOKEN = 32
 #: worker thread, so a huge action or episode never freezes the other episodes on the runtime loop
 DRIFT_OFF_LOOP_TOKENS = 16384
 TRUNCATED_MARK = " …[truncated]"
+#: default of ``ToolEnv(max_calls_per_turn=...)``: tool calls run per assistant turn
+DEFAULT_MAX_CALLS_PER_TURN = 32
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +81,15 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             A caller that shares an env's own executor takes it over with :meth:`share_executor`.
         template_kwargs: extra chat-template variables (e.g. ``{"enable_thinking": False}``).
         eot_token: the end-of-turn token text (``None``: guessed from the vocabulary).
+        max_calls_per_turn: tool calls run per assistant turn (default 32); the calls past it are not run, each is
+            answered with a ``call_limit`` error (every call still gets exactly one result).
+        reward_timeout_s: seconds one reward call (outcome, or one turn's) may take (default 300; ``None``: no
+            limit). A reward that times out, raises or returns a non-finite score scores 0 for that episode, which
+            ends truncated, with the error in ``info["error"]``, ``Trajectory.errors`` (``reward_timeout`` / ``reward_exception`` / ``reward_non_finite``) and
+            ``info["errors"]``; the other episodes are untouched (see :mod:`toolgym.rewards.guard`).
+
+    A prompt that alone fills ``max_episode_tokens`` ends its episode truncated at the first step, before the
+    action is applied: no tool runs, no reward is computed, and ``Trajectory.errors["prompt_too_long"]`` says why.
 
     Spaces: observations and actions are 1-D ``np.int64`` arrays of token ids of any length
     (``Sequence(Discrete(vocab_size), stack=True)``). Ids outside the vocabulary in an action are ignored when
@@ -106,9 +118,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         template_kwargs: Mapping[str, Any] | None = None,
         eot_token: str | None = None,
         render_mode: str | None = None,
+        reward_timeout_s: float | None = DEFAULT_REWARD_TIMEOUT_S,
+        max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN,
     ) -> None:
         for name, value in (("max_turns", max_turns), ("max_episode_tokens", max_episode_tokens),
-                            ("max_obs_tokens", max_obs_tokens)):
+                            ("max_obs_tokens", max_obs_tokens), ("max_calls_per_turn", max_calls_per_turn)):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if tokenizer is None or isinstance(tokenizer, str):
@@ -128,6 +142,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         self.executor = executor if executor is not None else ToolExecutor(tools, **dict(executor_kwargs or {}))
         self.reward: Reward | None = as_reward(reward)
         self.system_prompt = system_prompt
+        if reward_timeout_s is not None and not reward_timeout_s > 0:
+            raise ValueError(f"reward_timeout_s must be positive or None, got {reward_timeout_s!r}")
+        self.reward_timeout_s = reward_timeout_s
+        self.max_calls_per_turn = int(max_calls_per_turn)
         self.max_turns = max_turns
         self.max_episode_tokens = max_episode_tokens
         self.max_obs_tokens = max_obs_tokens
@@ -178,6 +196,12 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         self.trajectory = Trajectory(prompt_ids=conv.prompt_ids, task=task)
         self._done = False
         info = {"task": task, "messages": [dict(m) for m in conv.messages], "prompt_text": conv.prompt_text}
+        if len(conv.prompt_ids) >= self.max_episode_tokens:
+            self.trajectory.errors["prompt_too_long"] = (
+                f"the prompt has {len(conv.prompt_ids)} tokens; the episode's budget (max_episode_tokens) is "
+                f"{self.max_episode_tokens}: no room for a turn"
+            )
+            info["errors"] = dict(self.trajectory.errors)
         return as_int_array(conv.prompt_ids), info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -229,6 +253,15 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
     async def _astep(self, action: Any, t0: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         conv, traj = self.conversation, self.trajectory
         assert conv is not None and traj is not None
+        if "prompt_too_long" in traj.errors:  # no room for any turn: end here, not as the model's answer
+            self._done = True
+            traj.truncated = True
+            info: dict[str, Any] = {
+                "turn": -1, "trajectory": traj, "drift": traj.drift, "outcome_reward": traj.outcome_reward,
+                "errors": dict(traj.errors), "error": traj.errors["prompt_too_long"],
+                "env_time_s": Seconds(time.perf_counter() - t0),
+            }
+            return _EMPTY, 0.0, False, True, info
         ids = np.asarray(action).reshape(-1).astype(np.int64, copy=False).tolist() if np.size(action) else []
         text, parsed, cut, (a0, a1) = conv.add_action(ids)
         turn = Turn(
@@ -263,11 +296,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
         reward = 0.0
         if self.reward is not None and self.reward.per_turn:
-            score = await runtime.run_async(turn_score(self.reward, turn, traj, self.task))
+            score, _ = await self._score(turn_score(self.reward, turn, traj, self.task))
             turn.reward, turn.reward_components = score.value, dict(score.components)
             reward += turn.reward
         done = terminated or truncated
-        info: dict[str, Any] = {
+        info = {
             "turn": turn.index,
             "calls": [c.to_dict() for c in turn.calls],
             "results": [r.to_dict() for r in turn.results],
@@ -283,9 +316,13 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             self._done = True
             traj.terminated, traj.truncated = terminated, truncated
             if self.reward is not None:
-                score = await runtime.run_async(outcome_score(self.reward, traj, self.task))
+                score, fault = await self._score(outcome_score(self.reward, traj, self.task))
                 traj.outcome_reward, traj.reward_components = score.value, dict(score.components)
                 reward += traj.outcome_reward
+                if fault is not None:  # no trustworthy outcome: the episode ends truncated, as on any env fault
+                    terminated, truncated = False, True
+                    traj.terminated, traj.truncated = terminated, truncated
+                    info["error"] = fault.message
             if len(conv) > DRIFT_OFF_LOOP_TOKENS:
                 traj.drift = await asyncio.to_thread(conv.check_drift)
             else:
@@ -293,8 +330,20 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             info["trajectory"] = traj
             info["drift"] = traj.drift
             info["outcome_reward"] = traj.outcome_reward
+        if traj.errors:
+            info["errors"] = dict(traj.errors)
         info["env_time_s"] = Seconds(time.perf_counter() - t0)
         return obs, reward, terminated, truncated, info
+
+    async def _score(self, call: Any) -> tuple[Any, RewardFault | None]:
+        """One reward call under the reward time limit, on the runtime loop: ``(Score, fault or None)``; a fault is
+        recorded in ``Trajectory.errors`` and scores 0 (:func:`toolgym.rewards.guard.guarded`)."""
+        assert self.reward is not None and self.trajectory is not None
+        score, fault = await runtime.run_async(guarded(call, self.reward.name, self.reward_timeout_s))
+        if fault is not None:
+            logger.warning("toolgym: %s", fault.message)
+            self.trajectory.errors.setdefault(fault.key, fault.message)
+        return score, fault
 
     # -- the environment's answer to a turn --------------------------------------------------------
     async def env_response(self, turn: Turn) -> list[dict[str, Any]] | None:
@@ -302,7 +351,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         messages to append before the model's next turn, or ``None`` to end the episode (the model answered:
         ``terminated``).
 
-        Default: run the turn's parsed tool calls (``turn.calls``) with the env's executor, record them in
+        Default: run the turn's parsed tool calls (``turn.calls``, at most ``max_calls_per_turn``; the others get a
+        ``call_limit`` error result) with the env's executor, record them in
         ``turn.results``, and answer with one tool message per result
         (``self.format.tool_message(name, content, call_id)``); ``None`` when the turn has no calls. Override it
         for an env that answers otherwise, e.g. a simulated user (a ``{"role": "user", "content": ...}`` message;
@@ -313,7 +363,12 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         """
         if not turn.calls:
             return None
-        turn.results = await runtime.run_async(self.executor.run_many(turn.calls))
+        cap = self.max_calls_per_turn
+        turn.results = await runtime.run_async(self.executor.run_many(turn.calls[:cap]))
+        if len(turn.calls) > cap:
+            why = error_text(ToolErrorKind.CALL_LIMIT, f"not run: this turn made {len(turn.calls)} tool calls and at "
+                                                       f"most {cap} run per turn")
+            turn.results += [ToolResult(c, why, ToolErrorKind.CALL_LIMIT) for c in turn.calls[cap:]]
         for r in turn.results:  # the recorded results are bounded too (what the model is shown)
             if len(r.content) > self.max_obs_chars:
                 r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK

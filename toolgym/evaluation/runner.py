@@ -204,7 +204,9 @@ class EvalReport:
 
     Rates are fractions in ``[0, 1]``; ``turns`` and ``calls_per_episode`` are means per episode; ``wall_s`` is
     seconds. ``task_ids`` and ``per_task_success`` are aligned (task order of the selection); each
-    ``per_task_success`` entry is the mean success over that task's ``k`` samples.
+    ``per_task_success`` entry is the mean success over that task's ``k`` samples. ``episode_errors`` counts episodes
+    by the faults that are not the model's (``Trajectory.errors``: ``prompt_too_long``, ``reward_timeout``, ...); such
+    an episode scores 0 and also counts as a failure in ``success``.
     """
 
     env_id: str
@@ -230,6 +232,7 @@ class EvalReport:
     truncated: float = 0.0
     generated_tokens: int = 0
     out: str | None = None
+    episode_errors: dict[str, int] = field(default_factory=dict)
     trajectories: list[Trajectory] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -252,6 +255,7 @@ class EvalReport:
             "turns": self.turns,
             "truncated": self.truncated,
             "errors": dict(self.errors),
+            "episode_errors": dict(self.episode_errors),
             "drift": self.drift,
             "generated_tokens": self.generated_tokens,
             "wall_s": self.wall_s,
@@ -277,6 +281,7 @@ class EvalReport:
             ("mean turns", f"{self.turns:.2f}"),
             ("truncated", f"{self.truncated:.1%}"),
             ("errors", ", ".join(f"{k}={v}" for k, v in sorted(self.errors.items())) or "none"),
+            ("episode errors", ", ".join(f"{k}={v}" for k, v in sorted(self.episode_errors.items())) or "none"),
             ("drift", f"{self.drift} episodes"),
             ("wall time", f"{self.wall_s:.1f} s ({self.generated_tokens} generated tokens)"),
         ]
@@ -401,6 +406,7 @@ def _report(
         calls_per_episode=summary.get("calls_per_episode", 0.0),
         turns=summary.get("turns", 0.0),
         errors=summary.get("errors", {}),
+        episode_errors=summary.get("episode_errors", {}),
         drift=sum(1 for t in trajs if t.drift),
         task_ids=list(ids),
         per_task_success=per_task_success,

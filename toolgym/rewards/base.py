@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgym.tools.threads import ThreadLane
 from toolgym.trajectory import Trajectory, Turn
 
 __all__ = [
@@ -102,14 +103,26 @@ class Reward(abc.ABC):
 
 
 class FunctionReward(Reward):
-    """Wraps ``fn(trajectory, task) -> Score | float`` (sync or async) as an outcome reward."""
+    """Wraps ``fn(trajectory, task) -> Score | float`` (sync or async) as an outcome reward.
+
+    A sync ``fn`` runs on a worker thread of its own (one call at a time, as on the event loop; daemon threads: see
+    :class:`~toolgym.tools.threads.ThreadLane`), so a call that never returns is abandoned when the env's reward
+    time limit cancels it, and never holds the event loop that runs every other episode's tools and rewards.
+    """
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "reward")
+        self._async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+        self._lane: ThreadLane | None = None
 
     async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
-        out = self.fn(trajectory, task)
+        if self._async:
+            out = self.fn(trajectory, task)
+        else:
+            if self._lane is None:
+                self._lane = ThreadLane(f"reward-{self.name}", max_workers=1, max_abandoned=16)
+            out = await self._lane.run(self.fn, trajectory, task)
         if inspect.isawaitable(out):
             out = await out
         return Score.of(out, self.fn)

@@ -44,6 +44,7 @@ class ToolErrorKind(StrEnum):
     INVALID_ARGUMENTS = "invalid_arguments"  #: arguments fail the tool's JSON schema
     TIMEOUT = "timeout"  #: the call outran its timeout and was cancelled
     EXCEPTION = "exception"  #: the tool raised, or reported an error itself (MCP ``isError``)
+    CALL_LIMIT = "call_limit"  #: the turn made more calls than the env runs per turn; this one was not run
 
 
 class ToolError(Exception):
@@ -185,5 +186,8 @@ def canonical_arguments(arguments: Mapping[str, Any]) -> str:
 
 
 def text_of(out: Any) -> str:
-    """The text of a tool's return value: ``str`` as is, anything else through ``str()``."""
-    return out if isinstance(out, str) else str(out)
+    """The text of a tool's return value as an exact ``str``: a ``str`` as is, anything else through ``str()``. A
+    subclass of ``str`` is copied into a plain ``str`` (``str.__str__``, which runs none of the subclass's code), so
+    no later ``str()`` or ``encode()`` of the result runs a tool's code outside its call's timeout."""
+    text = out if isinstance(out, str) else str(out)
+    return text if type(text) is str else str.__str__(text)

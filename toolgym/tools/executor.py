@@ -331,11 +331,12 @@ class ToolExecutor:
             return self._fail(call, kind, content, latency_s=time.perf_counter() - t0, attempts=attempts)
 
     async def _text(self, call: ToolCall, content: Any, budget_s: float) -> tuple[ToolErrorKind | None, str]:
-        """The result's text: a ``str`` at once; anything else through ``str()`` in a worker thread, bounded by what
-        is left of the call's timeout (a slow ``__str__`` costs that call a ``timeout``, never the loop)."""
+        """The result's text: a ``str`` at once (a subclass copied into a plain ``str``); anything else through ``str()``
+        in a worker thread, bounded by what is left of the call's timeout (a slow ``__str__`` costs that call a
+        ``timeout``, never the loop)."""
         try:
-            if isinstance(content, str):
-                return None, safe_text(content)
+            if isinstance(content, str):  # a subclass of str becomes a plain one here (none of its code runs)
+                return None, safe_text(content if type(content) is str else str.__str__(content))
             async with asyncio.timeout(max(budget_s, 0.01)):
                 return None, safe_text(await self._lane.run(text_of, content))
         except TimeoutError:

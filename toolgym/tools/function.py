@@ -27,7 +27,8 @@ class FunctionTool(Tool):
     loop, never starve another tool's calls, and never keep the process from exiting. A timeout cancels the
     awaiting task but cannot stop a running thread, so long sync work should be written async or as a subprocess
     tool. Arguments the function's signature does not accept are ``invalid_arguments``. The return value is
-    converted to text with ``str`` unless it is already a string.
+    converted to text with ``str`` unless it is already a string, on the lane (an async function's result too), so a
+    slow ``__str__`` is bounded by the call's timeout and never holds the event loop.
 
     Args:
         max_workers: threads of the lane (default: ``max_concurrency``, else 32).
@@ -59,17 +60,20 @@ class FunctionTool(Tool):
         self.cacheable = cacheable
         self._is_async = inspect.iscoroutinefunction(fn)
         self._signature = inspect.signature(fn)
-        self.lane = None if self._is_async else ThreadLane(
-            self.name, max_workers or max_concurrency or 32, max_abandoned
-        )
+        # sync tools run here; async ones turn a non-str result into text here
+        self.lane = ThreadLane(self.name, max_workers or max_concurrency or 32, max_abandoned)
 
     async def acall(self, arguments: Mapping[str, Any]) -> str:
         try:
             self._signature.bind(**arguments)
         except TypeError as e:  # an extra or missing argument: the model's mistake, not the tool's
             raise ToolError(f"{self.name}: {e}", kind=ToolErrorKind.INVALID_ARGUMENTS) from None
-        if self.lane is None:
-            return text_of(await self.fn(**arguments))
+        if self._is_async:
+            out = await self.fn(**arguments)
+            if isinstance(out, str):
+                return text_of(out)
+            # a non-str result's __str__ is the tool's code too: on a thread, inside the call's timeout
+            return await self.lane.run(text_of, out)
         # the conversion to text runs on the lane too: a huge non-str result never stalls the event loop
         return await self.lane.run(_as_text, self.fn, arguments)
 

@@ -51,6 +51,11 @@ class ModelServer:
         logprobs_mode: what reported logprobs mean unless a request sets the ``logprobs_mode`` field
             (``"processed_logprobs"``, the default of every toolgym backend, or ``"raw_logprobs"``; vLLM's
             ``--logprobs-mode``; see :mod:`toolgym.rollout.types`).
+        max_body_bytes: the largest request body; a larger ``Content-Length`` gets a 413 before the body is read.
+
+    A prompt (or a chat request's text) with more characters than ``max_prompt_chars`` (twice the longest vocabulary
+    entry times ``max_model_len``: it cannot fit the context whatever it says) gets a 400 at once, before any
+    tokenising; shorter ones are tokenised on worker threads, off the event loop.
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class ModelServer:
         batch_wait_s: float = 0.003,
         tool_call_parser: Any = None,
         logprobs_mode: LogprobsMode = DEFAULT_LOGPROBS_MODE,
+        max_body_bytes: int = 64 * 1024**2,
     ) -> None:
         from toolgym.format.parsers import get_parser
 
@@ -80,6 +86,11 @@ class ModelServer:
             limits = [int(x) for x in limits if isinstance(x, int) and 0 < x < 10**7]
             max_model_len = min(limits) if limits else 4096
         self.max_model_len = max_model_len
+        self.max_body_bytes = max_body_bytes
+        # no text longer than this can fit the context whatever it says (each token covers at most the longest
+        # vocabulary entry's characters; x2 for normalisation): longer prompts get a 400 before any tokenising
+        longest = _longest_token_chars(tokenizer)
+        self.max_prompt_chars = None if longest is None else 2 * longest * max_model_len
         self.default_max_tokens = default_max_tokens
         self.logprobs_mode: LogprobsMode = check_logprobs_mode(logprobs_mode)
         self.created = int(time.time())
@@ -92,7 +103,7 @@ class ModelServer:
     # ------------------------------------------------------------------------------------------- lifecycle
     def app(self) -> web.Application:
         """The aiohttp application (starts the batching worker on startup)."""
-        app = web.Application(middlewares=[self._errors], client_max_size=64 * 1024**2)
+        app = web.Application(middlewares=[self._errors], client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/v1/models", self.models)
@@ -194,6 +205,10 @@ class ModelServer:
         return web.json_response(self._model_card())
 
     async def _json(self, request: web.Request) -> dict[str, Any]:
+        size = request.content_length
+        if size is not None and size > self.max_body_bytes:  # refused before a byte of it is read
+            raise BadRequest(f"the body has {size} bytes; this server accepts at most {self.max_body_bytes}",
+                             status=413)
         try:
             body = await request.json()
         except Exception as e:
@@ -291,6 +306,19 @@ class ModelServer:
             raise BadRequest("`best_of` other than `n` is not supported", "best_of")
         return n
 
+    def _check_chars(self, value: Any, param: str) -> None:
+        """400 when the text in ``value`` (a prompt, a list of prompts, chat messages) is longer than any prompt that
+        fits the context can be (``max_prompt_chars``), counted without tokenising."""
+        limit = self.max_prompt_chars
+        if limit is None:
+            return
+        n = _text_chars(value) if not isinstance(value, str) else len(value)
+        if n > limit:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens; the {param} has {n} characters, "
+                f"more than {limit} (the most that {self.max_model_len} tokens of this tokenizer can hold).", param,
+            )
+
     def _check_len(self, prompt_ids: list[int], params: SamplingParams) -> None:
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise BadRequest(
@@ -342,6 +370,7 @@ class ModelServer:
             raise BadRequest("`echo` is not supported", "echo")
         if "suffix" in body and body["suffix"] is not None:
             raise BadRequest("`suffix` is not supported", "suffix")
+        self._check_chars(body.get("prompt"), "prompt")
         prompts = await self._off_loop(self._prompts, body.get("prompt"))
         logprobs = _want(body, "logprobs", int, None)
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
@@ -445,6 +474,7 @@ class ModelServer:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("`messages` must be a non-empty list", "messages")
+        self._check_chars(messages, "messages")
         clean = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -519,3 +549,26 @@ class ModelServer:
             }
         )
 
+
+def _longest_token_chars(tokenizer: Any) -> int | None:
+    """The most characters one token of ``tokenizer`` stands for (its longest vocabulary entry); ``None`` when the
+    tokenizer has no vocabulary to read."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - no bound, then: every prompt is tokenised
+        return None
+    return max((len(k) for k in vocab if isinstance(k, str)), default=None) or None
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of every string inside ``value`` (nested lists and objects; keys excluded), without recursion."""
+    n, todo = 0, [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            n += len(v)
+        elif isinstance(v, list):
+            todo.extend(v)
+        elif isinstance(v, dict):
+            todo.extend(v.values())
+    return n

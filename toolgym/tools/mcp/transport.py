@@ -35,6 +35,7 @@ logger = logging.getLogger("toolgym.tools.mcp")
 _CLOSE_GRACE_S = 2.0  # the server may exit on its own after its stdin closes
 _KILL_GRACE_S = 2.0  # after SIGTERM to its process group, before SIGKILL
 _FLUSH_S = 0.5  # the writer's time to send what it accepted before stdin closes
+_DRAIN_IDLE_S = 1.0  # after stdin breaks, how long the reader may read nothing before the session ends
 
 
 def _parse(line: bytes) -> Any:
@@ -72,6 +73,8 @@ async def stdio_transport(params: Any, errlog: Any) -> AsyncIterator[tuple[Any, 
     read_send, read_recv = anyio.create_memory_object_stream[Any](0)
     write_send, write_recv = anyio.create_memory_object_stream[Any](0)
     writer_done = anyio.Event()
+    reader_done = anyio.Event()
+    progress = [0]  # bytes the reader has taken from the server's stdout
 
     async def reader() -> None:
         assert process.stdout is not None
@@ -80,6 +83,7 @@ async def stdio_transport(params: Any, errlog: Any) -> AsyncIterator[tuple[Any, 
         deliver = True
         try:
             async for chunk in process.stdout:
+                progress[0] += len(chunk)
                 buf += chunk
                 while (end := buf.find(b"\n", scanned)) >= 0:
                     line = bytes(buf[:end])
@@ -97,16 +101,37 @@ async def stdio_transport(params: Any, errlog: Any) -> AsyncIterator[tuple[Any, 
             logger.exception("MCP stdio reader failed; closing the session")
         finally:
             read_send.close()  # the session sees the transport end (and toolgym restarts the server)
+            reader_done.set()
+
+    async def end_after_drain() -> None:
+        """The server stopped reading (it exited or closed stdin). Answers it wrote before are still in the pipe:
+        the reader delivers them and ends the session at EOF. A server that keeps stdout open without writing ends
+        it here, once the reader has read nothing for ``_DRAIN_IDLE_S``."""
+        seen = -1
+        while seen != progress[0]:
+            seen = progress[0]
+            with anyio.move_on_after(_DRAIN_IDLE_S):
+                await reader_done.wait()
+        read_send.close()
 
     async def writer() -> None:
         assert process.stdin is not None
+        broken = False
         try:
             async with write_recv:
                 async for message in write_recv:
+                    if broken:  # taken and dropped: the request fails when the session ends, like those in flight
+                        continue
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode("utf-8", "backslashreplace"))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            read_send.close()  # the server stopped reading: end the session rather than hang its requests
+                    try:
+                        await process.stdin.send(data.encode("utf-8", "backslashreplace"))
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                        # not closing the write stream: a failed send would look like a dead session to the caller
+                        # and end it before the answers already in the pipe are read
+                        broken = True
+                        tg.start_soon(end_after_drain)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            read_send.close()
         finally:
             writer_done.set()
 
