@@ -1,4 +1,4 @@
-"""Fault injection (DESIGN.md invariant 6): a tool that raises anything, blocks, returns what cannot be encoded or
+"""Fault injection (invariant 6 of docs/design.md): a tool that raises anything, blocks, returns what cannot be encoded or
 returns megabytes; an argument the MCP transport cannot encode; an MCP server that dies mid-call or hangs; a sandboxed
 snippet reaching for host IPC, host sockets or memory-backed files. Each fault costs its own call a classified
 error, never another episode's result, the batch, the runtime loop or the process; each case runs in the single
