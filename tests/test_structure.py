@@ -325,8 +325,8 @@ def contract_violations() -> list[str]:
 SHIPPED = ("README.md", "Makefile", "pyproject.toml", ".gitignore", "docs", "toolgym", "trainers", "benchmarks",
            "examples", "tests", ".ci")
 #: rule 8: work-diary wording. "session" alone is a protocol word (an MCP or HTTP session) and "round N" an RFT/DPO
-#: round, so only a numbered session or issue, or the current work session, counts.
-HISTORY = re.compile(r"(?<![a-z])(?:sessions?|issues?)[ _-]?#?\d+|\bthis\s+session\b", re.IGNORECASE)
+#: round, so only a numbered session or issue, or a work session named by its place ("this", "first" ...), counts.
+HISTORY = re.compile(r"(?<![a-z])(?:sessions?|issues?)[ _-]?#?\d+|\b(?:this|first|second|third|previous|last|next|earlier)\s+session\b", re.IGNORECASE)
 _TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".json", ".jsonl", ".txt", ".html", ".js", ".css", ".cfg",
                   ".ini", ".sh", ".jinja", ".j2", ""}
 
@@ -403,11 +403,12 @@ def test_history_check_sees_numbered_sessions_and_issues(tmp_path: Path) -> None
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text(f"ok: the MCP {word} restarts\nok: round 2 keeps 87 samples\n"
                                             f"bad: {word.title()} 10's code\nbad: see iss" + "ue #26\n"
-                                            f"bad: this {word} changed it\n")
+                                            f"bad: this {word} changed it\nbad: in the first {word}\n")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / f"test_{word}_3.py").write_text("")
     found = history_mentions(tmp_path)
-    assert [f.split(": ")[0] for f in found] == ["docs/a.md:3", "docs/a.md:4", "docs/a.md:5", f"tests/test_{word}_3.py"]
+    assert [f.split(": ")[0] for f in found] == ["docs/a.md:3", "docs/a.md:4", "docs/a.md:5", "docs/a.md:6",
+                                                    f"tests/test_{word}_3.py"]
 
 
 def test_checker_sees_violations(tmp_path: Path) -> None:
