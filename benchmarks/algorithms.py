@@ -22,7 +22,7 @@ other rows are what the same budget buys with another algorithm:
     (:mod:`trainers.dpo`: TRL ``DPOTrainer``, loss mask as ``completion_mask``; beta 0.1, lr 3e-5 = GRPO's; the
     reference model is the policy at each round's start);
   - ``grpo`` / ``grpo_dr``: the demo's GRPO (the algorithm's own trainer, :func:`trainers.grpo.build_trainer`:
-    TRL ``GRPOTrainer`` through :mod:`trainers.rollout_func`, 4 tasks x 4 samples per step, lr 3e-5, beta 0) with
+    TRL ``GRPOTrainer`` through :mod:`trainers.grpo.rollout_adapter`, 4 tasks x 4 samples per step, lr 3e-5, beta 0) with
     ``loss_type`` ``grpo`` / ``dr_grpo``, stopped by a callback at the budget.
 
   Every row is its algorithm's own ``run`` (:data:`trainers.ALGORITHMS`, the contract): ``sft`` with
@@ -34,8 +34,8 @@ other rows are what the same budget buys with another algorithm:
   No hyperparameter was chosen on the test split: the shared ones are the demo's (chosen on a validation draw of
   the train split), DPO's lr is GRPO's and its beta TRL's default.
 * **Held-out**: the demo's 100 distinct Calculator-v0 ``test``-split tasks and seeds (never trained on), greedy,
-  the same for every row (:func:`toolgym.eval.evaluate`): success with its 95% Wilson interval, the paired
-  difference to the warm start with its 95% CI (:func:`toolgym.eval.paired_difference_ci`), tool-call rate.
+  the same for every row (:func:`toolgym.evaluation.evaluate`): success with its 95% Wilson interval, the paired
+  difference to the warm start with its 95% CI (:func:`toolgym.evaluation.paired_difference_ci`), tool-call rate.
 * **Time**: training only (sampling + updates): wall seconds and the process's CPU seconds (both cores; less
   sensitive than wall time to other jobs on a shared machine).
 
@@ -69,9 +69,9 @@ METHODS = ("sft", "rft", "dpo", "grpo", "grpo_dr")
 
 
 def _tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` distinct tasks of ``split`` from ``seed`` (:func:`toolgym.tasks.draw_tasks`, as the demo draws)."""
+    """``n`` distinct tasks of ``split`` from ``seed`` (:func:`toolgym.evaluation.tasks.draw_tasks`, as the demo draws)."""
+    from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_tokenizer
-    from toolgym.tasks import draw_tasks
 
     return draw_tasks(ENV, n, seed=seed, split=split, env_kwargs={"tokenizer": load_tokenizer()})
 
@@ -110,9 +110,9 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
     """The demo's warm start (``a.warm_steps`` masked-SFT steps, batch 8, lr ``a.warm_lr``, on 32 oracle
     episodes) from ``a.base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter Llama, for pipeline
     checks only; or a model path), saved with the compact template to ``out/warm`` (reused when present)."""
-    from toolgym.eval import oracle_policy
+    from toolgym.evaluation import oracle_policy
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
-    from trainers.compact import save_checkpoint
+    from trainers.demo.compact_prompt import save_checkpoint
     from trainers.sft import collect, masked_sft
 
     target = out / "warm"
@@ -268,7 +268,7 @@ LABELS = {"warm": "warm start (no further training)", "sft": "oracle SFT", "rft"
 
 
 def held_out(model: Any, tok: Any, tasks: Sequence[dict[str, Any]], a: argparse.Namespace) -> Any:
-    from toolgym.eval import evaluate
+    from toolgym.evaluation import evaluate
     from toolgym.rollout import TransformersPolicy
 
     policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
@@ -336,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from toolgym.eval import paired_difference_ci
+    from toolgym.evaluation import paired_difference_ci
 
     torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)

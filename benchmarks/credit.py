@@ -88,7 +88,7 @@ SMOKE = {
 
 
 def _env_kwargs(cfg: CreditBenchConfig, split: str, tok: Any) -> dict[str, Any]:
-    from trainers.compact import compact_tools_template
+    from trainers.demo.compact_prompt import compact_tools_template
 
     return {"split": split, "steps": tuple(cfg.steps), "tokenizer": tok, "system_prompt": SYSTEM,
             "chat_template": compact_tools_template()}
@@ -107,11 +107,11 @@ def run(cfg: CreditBenchConfig) -> dict[str, Any]:
     import toolgym  # noqa: F401
     from toolgym.envs.calculator_chain import chain_progress
     from toolgym.envs.registration import make_vector_env
-    from toolgym.eval import oracle_policy, wilson_interval
+    from toolgym.evaluation import oracle_policy, wilson_interval
+    from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
     from toolgym.resources import release_memory
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from toolgym.tasks import draw_tasks
     from trainers.grpo import Config as GRPORun
     from trainers.grpo import build_trainer
     from trainers.sft import collect, masked_sft
@@ -263,7 +263,7 @@ def _budget_callback() -> type:
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """Per estimator: held-out success per seed; vs ``outcome``: paired differences per seed and pooled."""
-    from toolgym.eval import paired_difference_ci
+    from toolgym.evaluation import paired_difference_ci
 
     arms = results["arms"]
     by: dict[str, dict[int, dict[str, Any]]] = {}

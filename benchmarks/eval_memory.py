@@ -30,10 +30,10 @@ def child(model_path: str | None, tasks: int, batch: int, autocast: str | None, 
 
     import toolgym  # noqa: F401  (registers the envs)
     from toolgym.envs.registration import make_vector_env
+    from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
     from toolgym.resources import current_rss_mb, trim_heap
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from toolgym.tasks import draw_tasks
     from trainers.demo import ENV_ID, prompt_kwargs
 
     torch.set_num_threads(2)

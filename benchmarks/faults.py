@@ -83,7 +83,7 @@ _PROBES = {
     "rollout": textwrap.dedent("""
         import numpy as np
         from toolgym.rollout import RolloutDriver, ScriptedPolicy
-        from toolgym.vector import ToolVectorEnv
+        from toolgym.envs.vector import ToolVectorEnv
         import functools
 
         @tool

@@ -2,10 +2,10 @@
 (``--compare``):
 
 * ``scored_positions`` (default): TRL's fused LM head scoring every position of a micro-batch (TRL 1.16 on any
-  device without Triton) vs only the completion positions (:func:`trainers.turn_grpo.scored_positions_only`);
+  device without Triton) vs only the completion positions (:func:`trainers.grpo.trainer.scored_positions_only`);
 * ``zero_advantage``: every micro-batch computed vs those whose advantages are all zero left out
-  (:mod:`trainers.zero_advantage`, ``grpo.Config.skip_zero_advantage``);
-* ``sampling``: transformers' ``torch.multinomial`` vs inverse-CDF sampling (:mod:`trainers.sampling`): the same
+  (:mod:`trainers.grpo.zero_advantage`, ``grpo.Config.skip_zero_advantage``);
+* ``sampling``: transformers' ``torch.multinomial`` vs inverse-CDF sampling (:mod:`trainers.grpo.sampling`): the same
   distribution, other draws, so the episodes differ; compare the generation time;
 * ``frozen_cast``: the frozen (tied) embedding / LM head cast to bfloat16 at every decoding step (autocast caches
   only weights that require grad) vs once per ``generate()`` call (:func:`toolgym.checkpoint.autocast_context`).
@@ -43,16 +43,16 @@ COMPARES = ("scored_positions", "zero_advantage", "sampling", "frozen_cast")
 def _turn_off(compare: str) -> None:
     """Put back TRL's / transformers' own behaviour for ``compare`` in this (child) process."""
     if compare == "scored_positions":  # TRL's own choice on a CPU
-        import trainers.turn_grpo as turn_grpo
+        import trainers.grpo.trainer as turn_grpo
 
         turn_grpo.scored_positions_only = contextlib.nullcontext
     elif compare == "sampling":
-        import trainers.sampling as sampling
+        import trainers.grpo.sampling as sampling
 
         sampling.sampling_warpers = lambda config: None  # every call goes to transformers' multinomial
     elif compare == "frozen_cast":
         import toolgym.checkpoint as checkpoint
-        import trainers.rollout_func as rollout_func
+        import trainers.grpo.rollout_adapter as rollout_func
 
         own = checkpoint.autocast_context
         rollout_func.autocast_context = lambda device_type, dtype, model=None: own(device_type, dtype)
@@ -61,9 +61,9 @@ def _turn_off(compare: str) -> None:
 def child(checkpoint: str | None, steps: int, on: bool, compare: str = "scored_positions") -> dict[str, Any]:
 
     import toolgym  # noqa: F401  (registers the envs)
+    from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
     from toolgym.resources import Phases
-    from toolgym.tasks import draw_tasks
     from trainers import ALGORITHMS
     from trainers.contract import prepare
     from trainers.demo import ENV_ID, prompt_kwargs

@@ -100,9 +100,9 @@ TRL_TOOLS = {"sync": wait, "async": wait_async}
 
 def make_env_fn(tok: Any):
     from toolgym.envs.base import ToolEnv
+    from toolgym.envs.vector import ToolVectorEnv
     from toolgym.rewards.base import as_reward
     from toolgym.tools.function import tool
-    from toolgym.vector import ToolVectorEnv
 
     @tool(timeout_s=30, cacheable=False)
     async def wait() -> str:
@@ -206,7 +206,7 @@ def workload_a(model: Any, tok: Any, vector: Any, tasks: list[dict], n: int, lat
     Refuses (:class:`Invalid`) unless TRL and the env render token-identical prompts (checked before timing and on
     the prompts actually used) and, in every round, every contender executed the tool in at least ``min_rate`` of
     its episodes. Returns ``{round: {contender: wall_s, f"{contender}_rate": ..., "_success", "_calls"}}``."""
-    from trainers.rollout_func import ToolgymRollout
+    from trainers.grpo.rollout_adapter import ToolgymRollout
 
     rec = Recorder()
     native = grpo_trainer(model, tok, n, rec, tools=[TRL_TOOLS[trl_tool]])
@@ -311,9 +311,9 @@ def workload_b(tok: Any, n: int, slots: int, gen_s: float = 0.05) -> dict[str, f
         return int(job.rsplit("-", 1)[1]) % 10 == 3
 
     from toolgym.envs.base import ToolEnv
+    from toolgym.envs.vector import ToolVectorEnv
     from toolgym.rollout import RolloutDriver
     from toolgym.tools.function import tool
-    from toolgym.vector import ToolVectorEnv
 
     @tool(timeout_s=30, cacheable=False)
     async def wait(job: str) -> str:

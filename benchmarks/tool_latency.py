@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     (out / "latencies.json").write_text(json.dumps(lat))
     (out / "summary.json").write_text(json.dumps(res, indent=2))
     try:
-        from toolgym.plots import plot_latency_histogram
+        from toolgym.report.plots import plot_latency_histogram
 
         png = plot_latency_histogram(lat, out / "latency.png", title="tool-call latency through the executor")
         print(f"\nwrote {out / 'latencies.json'} and {png}")

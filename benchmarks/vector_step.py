@@ -33,10 +33,10 @@ import numpy as np
 
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.format.parsers import get_parser
 from toolgym.resources import current_rss_mb, peak_rss_mb
 from toolgym.tools.function import tool
-from toolgym.vector import ToolVectorEnv
 
 TOOL_S = 0.05
 TASKS = [{"id": f"t{i}", "prompt": f"task number {i}"} for i in range(512)]

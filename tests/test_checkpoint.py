@@ -13,9 +13,9 @@ from gymnasium.vector import AutoresetMode
 import toolgym  # noqa: F401
 from toolgym.checkpoint import RUN_SETTINGS_FILE, RunSettingsError, read_run_settings, write_run_settings
 from toolgym.cli import ExitCode, main
+from toolgym.evaluation.tasks import draw_tasks
 from toolgym.models import load_model, load_tokenizer, tiny_random_model
 from toolgym.rollout import RolloutDriver, TransformersPolicy
-from toolgym.tasks import draw_tasks
 
 ENV = "toolgym/Calculator-v0"
 SYSTEM = "Use the calculator. Reply <answer>N</answer>."  # not the env's default system prompt
@@ -97,8 +97,8 @@ def test_run_settings_round_trip_and_bad_files(tmp_path: Path):
 
 
 def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path: Path, capsys):
-    pytest.importorskip("trl", reason="trainers.compact is part of the [train] extra")
-    from trainers.compact import compact_tools_template, save_checkpoint
+    pytest.importorskip("trl", reason="trainers.demo.compact_prompt is part of the [train] extra")
+    from trainers.demo.compact_prompt import compact_tools_template, save_checkpoint
 
     tok = load_tokenizer()
     model = tiny_random_model(tok, seed=4)

@@ -1,4 +1,4 @@
-"""Pieces of ``make demo`` (trainers/demo.py, trainers/compact.py): statistics, the compact prompt, checkpoints."""
+"""Pieces of ``make demo`` (trainers/demo/__init__.py, trainers/demo/compact_prompt.py): statistics, the compact prompt, checkpoints."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 pytest.importorskip("trl", reason="the demo needs the [train] extra")
 
 import toolgym  # noqa: F401
-from toolgym.eval import oracle_policy
+from toolgym.evaluation import oracle_policy
 from toolgym.models import load_model, load_tokenizer, tiny_random_model
-from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
+from trainers.demo.compact_prompt import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
 from trainers.sft import collect
 
 

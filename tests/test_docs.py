@@ -226,8 +226,8 @@ def test_toolgym_commands_in_docs_parse() -> None:
             continue
         try:
             parser.parse_args(argv[1:])
-            if argv[1] == "registry":  # it owns its arguments (trainers/registry.py)
-                from trainers.registry import build_parser as registry_parser
+            if argv[1] == "registry":  # it owns its arguments (trainers/tracking/registry.py)
+                from trainers.tracking.registry import build_parser as registry_parser
 
                 registry_parser().parse_args(argv[2:])
         except SystemExit as e:

@@ -1,4 +1,4 @@
-"""DPO on env preference pairs (trainers/dpo.py): pair construction, the loss-mask collator, 2-step runs.
+"""DPO on env preference pairs (trainers/dpo/__init__.py): pair construction, the loss-mask collator, 2-step runs.
 
 Episodes come from the real Calculator-v0 env with scripted policies (the oracle, and a policy that answers wrong);
 training uses a tiny random model over the embedded tokenizer and TRL's real ``DPOTrainer``.
@@ -22,7 +22,7 @@ from toolgym.envs.calculator import generate_task
 from toolgym.rollout import EpisodeState, ScriptedPolicy, write_trajectories
 from trainers.cli import main as train_main
 from trainers.dpo import Config, load_pairs, make_pairs, run, save_pairs
-from trainers.dpo_trainer import MaskedPreferenceCollator, build_dpo_trainer
+from trainers.dpo.trainer import MaskedPreferenceCollator, build_dpo_trainer
 from trainers.sft import collect
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

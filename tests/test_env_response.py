@@ -7,8 +7,8 @@ import re
 
 from toolgym import tool
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.rollout import RolloutDriver, ScriptedPolicy
-from toolgym.vector import ToolVectorEnv
 
 GAMES = [{"id": f"guess-{n}", "prompt": "Guess my number from 1 to 100: <answer>N</answer>.", "secret": n}
          for n in (17, 64, 90)]

@@ -1,4 +1,4 @@
-"""toolgym.eval and `toolgym eval`: statistics against hand-computed values, task selection (each task once,
+"""toolgym.evaluation and `toolgym eval`: statistics against hand-computed values, task selection (each task once,
 reproducible, `all` on an infinite split fails), streaming output (an interrupted run keeps finished episodes, a
 pre-existing file is not emptied early), the --json report, exit codes, user-registered envs."""
 
@@ -18,7 +18,7 @@ import pytest
 
 import tests.eval_env as eval_env  # registers EvalEcho-v0 / EvalNoOracle-v0
 from toolgym.cli import main
-from toolgym.eval import (
+from toolgym.evaluation import (
     TaskFileError,
     TaskSelectionError,
     evaluate,

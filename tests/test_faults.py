@@ -29,6 +29,7 @@ import pytest
 from tests.procs import alive, children, free_port
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.models import load_tokenizer
 from toolgym.rollout import EpisodeState, RolloutDriver, ScriptedPolicy, read_trajectories
 from toolgym.tools.base import ToolCall, ToolErrorKind
@@ -37,7 +38,6 @@ from toolgym.tools.executor import ToolExecutor
 from toolgym.tools.function import tool
 from toolgym.tools.mcp import MCPToolset
 from toolgym.tools.python import Sandbox, SandboxLimits, namespaces_available
-from toolgym.vector import ToolVectorEnv
 
 FAULT_SERVER = str(Path(__file__).parent / "mcp_servers" / "fault_server.py")
 

@@ -20,6 +20,7 @@ import pytest
 from toolgym import runtime
 from toolgym.cli import main as cli_main
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.errors import OutputFileError
 from toolgym.jsonl import JSONLStream, check_writable, read_jsonl, write_jsonl
 from toolgym.models import load_tokenizer
@@ -29,7 +30,6 @@ from toolgym.tools.executor import ToolExecutor
 from toolgym.tools.function import tool
 from toolgym.tools.sql import SQLTool
 from toolgym.trajectory import check_trajectory_row
-from toolgym.vector import ToolVectorEnv
 
 ROOT = Path(__file__).parent.parent
 SCRIPTS = Path(__file__).parent / "fault_scripts"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from toolgym import runtime
-from toolgym.cli_common import ExitCode, env_construction_error
+from toolgym.cli.common import ExitCode, env_construction_error
 from toolgym.tools.base import ToolCall
 from toolgym.tools.executor import ToolExecutor
 from toolgym.tools.mcp import MCPServerError, MCPToolset

@@ -6,7 +6,7 @@ ZeRO-2 and ZeRO-3, through ``accelerate launch`` with the shipped DeepSpeed conf
   the trainer starts from.
 * TRL's own ``VLLMClient`` drives it; only its NCCL broadcast is replaced by HTTP (``tests/trl_server_worker.py``),
   and a stub ``vllm`` package (made here) lets TRL import without vLLM.
-* ``trainers/cpu_deepspeed.py`` makes accelerate start DeepSpeed on gloo without CUDA.
+* ``tests/cpu_deepspeed.py`` makes accelerate start DeepSpeed on gloo without CUDA.
 
 Checked: 2 ranks and the requested ZeRO stage really ran; every generation call carried the same number of
 prompts; TRL's trainer-vs-sampler logprob difference (``sampling/sampling_logp_difference/max``, surfaced as
@@ -95,7 +95,7 @@ def _launch(tmp_path: Path, url: str, stage: int, *, skip_from: int, steps: int,
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent)) or "accelerate"
     cmd = [accelerate, "launch", "--config_file", str(ROOT / "trainers" / "configs" / f"accelerate_zero{stage}.yaml"),
            "--num_processes", "2", "--mixed_precision", "no", "--main_process_ip", "127.0.0.1",
-           "--main_process_port", str(free_port()), "-m", "trainers.cpu_deepspeed",
+           "--main_process_port", str(free_port()), "-m", "tests.cpu_deepspeed",
            str(ROOT / "tests" / "trl_server_worker.py"), str(out), url, str(skip_from), str(steps), str(beta)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=540)
     (out / "launch.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)

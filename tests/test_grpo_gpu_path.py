@@ -19,15 +19,15 @@ pytest.importorskip("trl", reason="the adapter needs the [train] extra (trl)")
 
 from toolgym.envs.calculator import generate_task
 from toolgym.rollout import GenerationRequest
-from trainers.is_metrics import ISRatioMetrics, is_metrics
-from trainers.preflight import (
+from trainers.grpo.importance_sampling_metrics import ISRatioMetrics, is_metrics
+from trainers.grpo.preflight import (
     TRACKER_EXTRAS,
     check_report_to,
     check_server_hosts,
     ensure_model_dir,
     needs_model_dir,
 )
-from trainers.rollout_func import ToolgymRollout, TRLPolicy, env_reward, guard_empty_completions, make_dataset
+from trainers.grpo.rollout_adapter import ToolgymRollout, TRLPolicy, env_reward, guard_empty_completions, make_dataset
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +127,7 @@ def test_grpo_run_hands_the_model_back_with_its_own_forward(tmp_path, tasks):
 def test_stop_ids_reach_vllm_generation_kwargs(tmp_path, tasks):
     """vLLM path (server and colocate read ``vllm_generation.generation_kwargs``): the stop ids are set for the
     call and the trainer's own kwargs are restored after it."""
-    from trainers.rollout_func import _turn_budget
+    from trainers.grpo.rollout_adapter import _turn_budget
 
     trainer, _ = _build(tmp_path, tasks)
 
@@ -320,7 +320,7 @@ def test_multi_node_server_host_must_not_be_loopback(tmp_path):
 
 
 def test_num_machines_from_the_launcher_environment(monkeypatch):
-    from trainers.preflight import num_machines
+    from trainers.grpo.preflight import num_machines
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -1,8 +1,8 @@
 """What GRPO's training step holds and computes, on a real TRL ``GRPOTrainer`` (tiny random model, CPU):
 
-* :func:`trainers.turn_grpo.trim_padding`: a micro-batch's loss runs over its own width, not the generation
+* :func:`trainers.grpo.trainer.trim_padding`: a micro-batch's loss runs over its own width, not the generation
   batch's, and its loss and gradients are those of the padded micro-batch;
-* :func:`trainers.turn_grpo.scored_positions_only`: TRL's fused LM head projects only the completion positions
+* :func:`trainers.grpo.trainer.scored_positions_only`: TRL's fused LM head projects only the completion positions
   on a CPU (as it does on Triton devices), with the same loss and gradients;
 * :func:`trainers.grpo.no_autocast_weight_cache`: under bf16 autocast the training forward keeps no bf16 copy of
   the weights, and generation (run without Accelerate's wrapper, under one autocast context) gives the tokens it
@@ -62,7 +62,7 @@ def test_a_micro_batch_trains_on_its_own_width_with_the_same_loss_and_gradients(
     import torch
     from trl import GRPOTrainer
 
-    from trainers.turn_grpo import trim_padding
+    from trainers.grpo.trainer import trim_padding
 
     trainer, rollout, tasks = make_trainer(tmp_path, advantage=advantage)
     try:
@@ -113,7 +113,7 @@ def test_a_micro_batch_trains_on_its_own_width_with_the_same_loss_and_gradients(
 def test_trim_padding_leaves_a_batch_it_cannot_slice_whole():
     import torch
 
-    from trainers.turn_grpo import trim_padding
+    from trainers.grpo.trainer import trim_padding
 
     mb = {"prompt_ids": torch.tensor([[0, 5, 6], [0, 0, 7]]), "prompt_mask": torch.tensor([[0, 1, 1], [0, 0, 1]]),
           "completion_ids": torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]]),
@@ -143,7 +143,7 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
 
     import torch
 
-    import trainers.rollout_func as rf
+    import trainers.grpo.rollout_adapter as rf
     from toolgym.rollout import GenerationRequest
     from trainers.grpo import no_autocast_weight_cache
 
@@ -198,8 +198,8 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
     import torch
 
     import toolgym.resources
-    import trainers.memory
-    import trainers.rollout_func as rf
+    import trainers.grpo.memory
+    import trainers.grpo.rollout_adapter as rf
 
     events: list[str] = []
 
@@ -208,15 +208,15 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
         return toolgym.resources.trim_heap()
 
     monkeypatch.setattr(rf, "trim_heap", spy)
-    monkeypatch.setattr(trainers.memory, "trim_heap", spy)
-    # the random model earns no reward: every micro-batch would be skipped (trainers.zero_advantage) without
+    monkeypatch.setattr(trainers.grpo.memory, "trim_heap", spy)
+    # the random model earns no reward: every micro-batch would be skipped (trainers.grpo.zero_advantage) without
     # skip_zero_advantage=False, and this test needs their forwards
     trainer, rollout, model, _ = _tiny_grpo(tmp_path, task_seed=5, max_turn_tokens=8, trim_heap=trim,
                                             skip_zero_advantage=False, gradient_accumulation_steps=2)
     model.register_forward_pre_hook(lambda *a: events.append("train" if torch.is_grad_enabled() else "generate"))
     try:
         assert rollout.trim_heap is trim
-        assert any(isinstance(c, trainers.memory.TrimHeapCallback) for c in trainer.callback_handler.callbacks) is trim
+        assert any(isinstance(c, trainers.grpo.memory.TrimHeapCallback) for c in trainer.callback_handler.callbacks) is trim
         trainer.train()
     finally:
         rollout.close()
@@ -260,14 +260,14 @@ def test_a_cpu_policy_trims_the_heap_after_each_batch_with_the_same_tokens(monke
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_grpo_generation_runs_on_a_reserved_cache_with_the_same_tokens(tmp_path, monkeypatch, bf16):
-    """TRL's transformers ``generate()`` inside :class:`trainers.rollout_func.TRLPolicy` gets a key/value cache
+    """TRL's transformers ``generate()`` inside :class:`trainers.grpo.rollout_adapter.TRLPolicy` gets a key/value cache
     allocated before the prefill (:func:`toolgym.rollout.kvcache.reserved_cache`); sampled with the same seed, the
     tokens are those of transformers' own cache; the model's ``generate`` is its class's again afterwards."""
     import contextlib
 
     import torch
 
-    import trainers.rollout_func as rf
+    import trainers.grpo.rollout_adapter as rf
     from toolgym.rollout import GenerationRequest
 
     trainer, rollout, model, tok = _tiny_grpo(tmp_path, task_seed=7, max_turn_tokens=12, bf16=bf16,
@@ -305,7 +305,7 @@ def test_the_lm_head_scores_only_the_completion_positions_on_a_cpu(tmp_path, mon
     import torch
     import trl.trainer.utils as trl_utils
 
-    from trainers.turn_grpo import scored_positions_only
+    from trainers.grpo.trainer import scored_positions_only
 
     decide = trl_utils._use_triton
     assert decide(torch.device("cpu")) is False  # TRL's own choice on a CPU: score every position

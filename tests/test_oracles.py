@@ -145,8 +145,8 @@ def test_oracle_answer_depends_on_the_tool_result():
         raise RuntimeError("down")
 
     from toolgym.envs.calculator import CalculatorEnv
+    from toolgym.envs.vector import ToolVectorEnv
     from toolgym.tools.executor import ToolExecutor
-    from toolgym.vector import ToolVectorEnv
 
     venv = ToolVectorEnv(lambda **kw: CalculatorEnv(split="test", **kw), num_envs=2,
                          executor=ToolExecutor([calculator], max_retries=0))
@@ -165,7 +165,7 @@ def test_an_env_without_oracle_says_so():
     with pytest.raises(NotImplementedError, match=r"no oracle for env 'ToolEnv'.*define oracle\(self, state\)"):
         env.oracle(state)
     # the pre-flight check (`toolgym eval --policy oracle`, trainers.sft.oracle_policy) sees it before any episode
-    from toolgym.eval import has_oracle, oracle_policy
+    from toolgym.evaluation import has_oracle, oracle_policy
 
     assert not has_oracle(env)
     with pytest.raises(ValueError, match="has no oracle"):

@@ -46,9 +46,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(300)
 def test_wheel_contains_the_adapter_configs_and_package_data(wheel: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("trainers/__init__.py", "trainers/rollout_func.py", "trainers/grpo.py", "trainers/sft.py",
+    for f in ("trainers/__init__.py", "trainers/grpo/rollout_adapter.py", "trainers/grpo/__init__.py", "trainers/sft.py",
               "trainers/cli.py", "trainers/configs/grpo_calculator_cpu.yaml", "trainers/configs/accelerate_zero3.yaml",
-              "toolgym/cli.py", "toolgym/data/chinook.sqlite.gz", "toolgym/format/templates/chatml_tools.jinja"):
+              "toolgym/cli/main.py", "toolgym/data/chinook.sqlite.gz", "toolgym/format/templates/chatml_tools.jinja"):
         assert f in names, f
     # every file of both packages is in the wheel (a new data file without a package-data pattern fails here)
     missing = (_source_files("toolgym") | _source_files("trainers")) - names
@@ -71,7 +71,7 @@ def test_installed_wheel_imports_the_adapter_outside_the_checkout(wheel: Path, t
     # the installed copy comes first on the path (an editable install's finder comes after path entries); the
     # dependencies come from this interpreter; the checkout is not on the path (cwd elsewhere, no PYTHONPATH)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target)}
-    code = ("import trainers, trainers.cli, trainers.grpo, trainers.rollout_func, toolgym, pathlib; "
+    code = ("import trainers, trainers.cli, trainers.grpo, trainers.grpo.rollout_adapter, toolgym, pathlib; "
             "print(pathlib.Path(trainers.__file__).parent, pathlib.Path(toolgym.__file__).parent); "
             "print((pathlib.Path(trainers.__file__).parent / 'configs' / 'grpo_calculator_cpu.yaml').is_file())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=240,

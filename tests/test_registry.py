@@ -166,7 +166,7 @@ def _rollout_ids(capsys, policy: str, out: Path) -> list[tuple[list[int], list[f
 def test_sqlite_default_register_list_promote_and_load_by_uri(sqlite_store, tmp_path, capsys, ckpts):
     _workflow(tmp_path, capsys, ckpts)
     assert (sqlite_store / "mlflow.db").is_file() and (sqlite_store / "mlartifacts").is_dir()
-    from trainers.registry import resolve_model_uri
+    from trainers.tracking.registry import resolve_model_uri
 
     champ = resolve_model_uri("models:/calc@champion")
     assert _sha(champ / "model.safetensors") == _sha(ckpts["tiny2"] / "model.safetensors")
@@ -245,7 +245,7 @@ def test_bad_input_is_one_line_with_its_exit_code_and_registers_nothing(sqlite_s
     ]:
         rc, out, err = _cli(capsys, "registry", *argv)
         assert rc == code and text in err, (argv, rc, err)
-    from trainers.registry import RegistryError, resolve_model_uri
+    from trainers.tracking.registry import RegistryError, resolve_model_uri
 
     for uri, text in [("models:/m@champion", "no alias"), ("models:/m/4", "no version 4"), ("models:/m", "bad")]:
         with pytest.raises(RegistryError, match=text):
@@ -273,7 +273,7 @@ def test_real_server_register_promote_and_download(mlflow_server, tmp_path, caps
     monkeypatch.chdir(tmp_path)
     _workflow(tmp_path, capsys, ckpts)
     assert not (tmp_path / "runs" / "mlflow.db").exists()  # everything went to the server
-    from trainers.registry import resolve_model_uri
+    from trainers.tracking.registry import resolve_model_uri
 
     got = resolve_model_uri("models:/calc@champion", cache_dir=tmp_path / "cache")
     assert got == tmp_path / "cache" / "calc" / "2"

@@ -14,9 +14,9 @@ import torch
 from gymnasium.vector import AutoresetMode
 
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.models import load_tokenizer, tiny_random_model
 from toolgym.tools.function import tool
-from toolgym.vector import ToolVectorEnv
 from trainers.rft import Config, rft_round, select_samples
 from trainers.sft import masked_sft, masked_sft_loss
 

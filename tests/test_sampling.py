@@ -1,4 +1,4 @@
-"""trainers.sampling: GRPO's CPU generation samples by inverse CDF, from the distribution transformers samples from."""
+"""trainers.grpo.sampling: GRPO's CPU generation samples by inverse CDF, from the distribution transformers samples from."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trainers.sampling import InverseCDFSampler, inverse_cdf_sampling, sampling_warpers  # noqa: E402
+from trainers.grpo.sampling import InverseCDFSampler, inverse_cdf_sampling, sampling_warpers  # noqa: E402
 
 
 def _chi2_ok(counts, probs, n) -> bool:

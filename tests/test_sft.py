@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("trl", reason="SFT needs the [train] extra (trl)")
 
 from toolgym.envs.calculator import generate_task
-from toolgym.eval import oracle_policy
+from toolgym.evaluation import oracle_policy
 from toolgym.rollout import EpisodeState, ScriptedPolicy, read_trajectories
 from trainers.sft import collect, sft_dataset, train_sft
 

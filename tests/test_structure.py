@@ -43,19 +43,19 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm"
 #: above it. Same order as the package map in docs/concepts.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
-     "toolgym.checkpoint"),
+     "toolgym.checkpoint", "toolgym.moved"),
     ("toolgym.models",),
     ("toolgym.tools",),
     ("toolgym.trajectory",),
     ("toolgym.format",),
     ("toolgym.rewards",),
     ("toolgym.data",),
-    ("toolgym.envs", "toolgym.vector"),
+    ("toolgym.envs",),
     ("toolgym.rollout",),
-    ("toolgym.tasks", "toolgym.eval"),
+    ("toolgym.evaluation",),
     ("toolgym.serve",),
-    ("toolgym.viewer", "toolgym.plots"),
-    ("toolgym.cli", "toolgym.cli_common", "toolgym.cli_eval", "toolgym.cli_bench", "toolgym.cli_view"),
+    ("toolgym.report",),
+    ("toolgym.cli",),
     ("trainers",),
 )
 
@@ -430,7 +430,7 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
         assert entry_point_imports(files) == [f"{b.relative_to(tmp_path)}:3: pkg.sub.b imports the entry point "
                                               "toolgym.cli"]
         assert layer("toolgym.tools.sandbox.pool") == LAYERS.index(("toolgym.tools",))
-        assert layer("toolgym.cli_eval") == layer("toolgym.cli") and layer("trainers.dpo") == len(LAYERS) - 1
+        assert layer("toolgym.cli.eval") == layer("toolgym.cli") and layer("trainers.dpo") == len(LAYERS) - 1
     finally:
         ROOT = old
 

@@ -1,4 +1,4 @@
-"""Task drawing (toolgym/tasks.py): one function for the demo, GRPO, RFT and DPO, the same order as ``toolgym eval``'s
+"""Task drawing (toolgym/evaluation/tasks.py): one function for the demo, GRPO, RFT and DPO, the same order as ``toolgym eval``'s
 selection, and the demo's held-out tasks unchanged (its documented numbers were measured on them)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import toolgym  # noqa: F401
 from tests import eval_env
 from toolgym.envs.calculator import generate_task
+from toolgym.evaluation.tasks import TaskSelectionError, draw_tasks, round_tasks, select_tasks, task_id
 from toolgym.models import load_tokenizer
-from toolgym.tasks import TaskSelectionError, draw_tasks, round_tasks, select_tasks, task_id
 
 ROOT = Path(__file__).resolve().parent.parent
 CALC = "toolgym/Calculator-v0"
@@ -21,7 +21,7 @@ ECHO = "tests.eval_env:EvalEcho-v0"
 
 
 def _old_demo_tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
-    """trainers/demo.py's ``_tasks`` before the drawing was shared (kept here as the reference, verbatim)."""
+    """trainers/demo/__init__.py's ``_tasks`` before the drawing was shared (kept here as the reference, verbatim)."""
     rng = np.random.default_rng(seed)
     rows: dict[str, dict[str, Any]] = {}
     while len(rows) < n:

@@ -13,7 +13,7 @@ pytest.importorskip("trl", reason="SFT/RFT need the [train] extra")
 import torch
 
 from toolgym.envs.calculator import generate_task
-from toolgym.eval import oracle_policy
+from toolgym.evaluation import oracle_policy
 from toolgym.models import load_tokenizer, tiny_random_model
 from trainers import ALGORITHMS
 from trainers.sft import collect, masked_sft

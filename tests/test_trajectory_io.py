@@ -14,6 +14,7 @@ import pytest
 from tests.rollout_files import EXPECTED, make_rollout_file
 from toolgym.errors import InputFileError
 from toolgym.jsonl import read_jsonl, write_jsonl
+from toolgym.report.viewer import load_trajectory_rows
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import (
     Trajectory,
@@ -25,7 +26,6 @@ from toolgym.trajectory import (
     summarize,
     write_trajectories,
 )
-from toolgym.viewer import load_trajectory_rows
 
 
 @pytest.fixture(scope="module")

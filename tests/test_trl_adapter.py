@@ -1,4 +1,4 @@
-"""The TRL 1.16 GRPO adapter (trainers/rollout_func.py) with a real GRPOTrainer on CPU.
+"""The TRL 1.16 GRPO adapter (trainers/grpo/rollout_adapter.py) with a real GRPOTrainer on CPU.
 
 Most tests use a tiny randomly initialised model over the embedded tokenizer. A random model never writes a tool
 call, so the tests that need multi-turn episodes wrap ``trainer._generate_single_turn``: the real generation runs,
@@ -24,7 +24,7 @@ import trl
 
 from toolgym.envs.calculator import generate_task
 from trainers import TRL_VERSION
-from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset, prompt_key
+from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset, prompt_key
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -197,7 +197,7 @@ _WORKER = textwrap.dedent(
     from trl import GRPOConfig, GRPOTrainer
     from toolgym.models import load_tokenizer, tiny_random_model
     from toolgym.envs.calculator import generate_task
-    from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
+    from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset
 
     rank = int(os.environ["RANK"])
     rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""trainers.turn_grpo: per-token advantages in TRL 1.16's GRPO (a real GRPOTrainer on CPU, tiny random model).
+"""trainers.grpo.trainer: per-token advantages in TRL 1.16's GRPO (a real GRPOTrainer on CPU, tiny random model).
 
 A random model never calls a tool, so episodes that need several turns follow CalculatorChain-v0's oracle through
 :class:`OraclePolicy` (fault injection of "a model that solves some steps"): the trainer's real generation runs for
@@ -24,7 +24,7 @@ pytest.importorskip("trl", reason="the turn-level trainer needs the [train] extr
 from toolgym.envs.calculator_chain import generate_chain
 from toolgym.rollout import Generation
 from trainers.credit import token_advantages, turn_advantages
-from trainers.rollout_func import ToolgymRollout, TRLPolicy, env_reward, make_dataset
+from trainers.grpo.rollout_adapter import ToolgymRollout, TRLPolicy, env_reward, make_dataset
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +64,7 @@ def make_trainer(out: Path, *, advantage: str = "turn_return", batch: int = 8, n
     from trl import GRPOConfig
 
     from toolgym.models import load_tokenizer, tiny_random_model
-    from trainers.turn_grpo import TurnCreditGRPOTrainer
+    from trainers.grpo.trainer import TurnCreditGRPOTrainer
 
     torch.manual_seed(0)
     tok = load_tokenizer()
@@ -209,7 +209,7 @@ def test_per_sequence_options_are_refused(tmp_path, cfg, match):
 def test_other_reward_functions_are_refused():
     from types import SimpleNamespace
 
-    from trainers.turn_grpo import check_turn_credit_args
+    from trainers.grpo.trainer import check_turn_credit_args
 
     args = SimpleNamespace(off_policy_mask_threshold=None, loss_type="dapo")
     check_turn_credit_args(args, "turn_return", ["env_reward"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from toolgym.report.viewer import build_data, render_html
 from toolgym.rollout import RolloutDriver, ScriptedPolicy
-from toolgym.viewer import build_data, render_html
 
 
 @pytest.fixture(scope="module")

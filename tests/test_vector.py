@@ -14,9 +14,9 @@ from gymnasium.vector import AutoresetMode
 import toolgym
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.format.parsers import get_parser
 from toolgym.tools.function import FunctionTool, tool
-from toolgym.vector import ToolVectorEnv
 
 CALLS = {"n": 0, "running": 0, "max_running": 0}
 

@@ -14,9 +14,9 @@ import pytest
 
 from toolgym import runtime
 from toolgym.envs.base import ToolEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.format.parsers import get_parser
 from toolgym.tools.function import tool
-from toolgym.vector import ToolVectorEnv
 
 SEEN: list[bool] = []
 TASKS = [{"id": f"t{i}", "prompt": f"task {i}", "answer": str(i)} for i in range(16)]

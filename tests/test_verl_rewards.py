@@ -13,10 +13,10 @@ import pytest
 
 import toolgym  # noqa: F401
 from toolgym.envs.calculator import CalculatorEnv
+from toolgym.envs.vector import ToolVectorEnv
 from toolgym.rewards import Combine, NumericMatch, ToolCallFormat
 from toolgym.rollout import RolloutDriver, ScriptedPolicy
 from toolgym.trajectory import Trajectory, Turn
-from toolgym.vector import ToolVectorEnv
 from trainers.credit import token_advantages, turn_advantages
 from trainers.verl.launch import make_rows, ppo_overrides
 from trainers.verl.requirements import verl_env_requirements

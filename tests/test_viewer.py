@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.rollout_files import EXPECTED, make_rollout_file
-from toolgym.viewer import TrajectoryFileError, build_data, load_trajectory_rows, render_html, write_report
+from toolgym.report.viewer import TrajectoryFileError, build_data, load_trajectory_rows, render_html, write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -17,7 +17,7 @@ import pytest
 
 from tests.rollout_files import make_rollout_file
 from tests.test_viewer import NEEDS_DRIVER, WebDriver, page_data
-from toolgym.viewer import load_trajectory_rows, write_report
+from toolgym.report.viewer import load_trajectory_rows, write_report
 
 N = 5000
 #: measured 8.6 MB for these rows; the decoded prompts were 6.7 MB of a 15.6 MB page of 5,000 distinct real tasks

@@ -1,6 +1,6 @@
-"""trainers.zero_advantage: GRPO micro-batches whose advantages are all zero are left out, with the same training.
+"""trainers.grpo.zero_advantage: GRPO micro-batches whose advantages are all zero are left out, with the same training.
 
-A real TRL ``GRPOTrainer`` (:class:`trainers.turn_grpo.TurnCreditGRPOTrainer`) on a tiny random model, CPU; the
+A real TRL ``GRPOTrainer`` (:class:`trainers.grpo.trainer.TurnCreditGRPOTrainer`) on a tiny random model, CPU; the
 episodes follow CalculatorChain-v0's oracle for some rows (``tests.test_turn_grpo.OraclePolicy``), so one group of
 4 has different rewards and the other none.
 """
@@ -16,7 +16,7 @@ pytest.importorskip("trl", reason="the GRPO adapter needs the [train] extra (trl
 import torch  # noqa: E402
 
 from tests.test_turn_grpo import make_trainer  # noqa: E402
-from trainers.zero_advantage import all_zero, regroup, skippable  # noqa: E402
+from trainers.grpo.zero_advantage import all_zero, regroup, skippable  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from toolgym.envs.registration import register_envs
+from toolgym.moved import alias_moved_modules
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult
 from toolgym.tools.executor import ToolCache, ToolExecutor
 from toolgym.tools.function import FunctionTool, tool
@@ -27,10 +28,12 @@ __all__ = [
     "Tool",
     "ToolCache",
     "ToolCall",
+    "ToolEnv",
     "ToolError",
     "ToolErrorKind",
     "ToolExecutor",
     "ToolResult",
+    "ToolVectorEnv",
     "Trajectory",
     "Turn",
     "__version__",
@@ -40,13 +43,37 @@ __all__ = [
 
 
 
+#: old module path -> where it lives (``import toolgym.eval`` still works, with a DeprecationWarning)
+MOVED_MODULES = {
+    "toolgym.cli_bench": "toolgym.cli.bench",
+    "toolgym.cli_common": "toolgym.cli.common",
+    "toolgym.cli_eval": "toolgym.cli.eval",
+    "toolgym.cli_view": "toolgym.cli.view",
+    "toolgym.eval": "toolgym.evaluation.runner",
+    "toolgym.tasks": "toolgym.evaluation.tasks",
+    "toolgym.plots": "toolgym.report.plots",
+    "toolgym.vector": "toolgym.envs.vector",
+    "toolgym.viewer": "toolgym.report.viewer",
+}
+
+
 def __getattr__(name: str) -> Any:
-    # ``toolgym.Score`` on first use: importing toolgym.rewards pulls in aiohttp, which ``import toolgym`` need not pay
+    # on first use: toolgym.rewards pulls in aiohttp and the vector env thread pools, which ``import toolgym`` need
+    # not pay
     if name == "Score":
         from toolgym.rewards.base import Score
 
         return Score
+    if name == "ToolEnv":
+        from toolgym.envs.base import ToolEnv
+
+        return ToolEnv
+    if name == "ToolVectorEnv":
+        from toolgym.envs.vector import ToolVectorEnv
+
+        return ToolVectorEnv
     raise AttributeError(f"module 'toolgym' has no attribute {name!r}")
 
 
+alias_moved_modules(MOVED_MODULES)
 register_envs()

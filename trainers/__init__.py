@@ -1,6 +1,6 @@
 """Training algorithms on toolgym envs, one contract for all (TRL 1.16 underneath).
 
-Each algorithm is one module ``trainers/<name>.py`` exporting
+Each algorithm is one module ``trainers/<name>.py`` or package ``trainers/<name>/`` exporting
 
 * ``Config``: a dataclass whose fields all carry their help text (``metadata={"help": ...}``, TRL's convention);
   an algorithm built on a TRL trainer has one field named ``trl`` holding that trainer's config fields (its
@@ -21,6 +21,8 @@ import os
 from collections.abc import Iterator, Mapping
 from types import ModuleType
 
+from toolgym.moved import alias_moved_modules
+
 # the run preamble's environment, set once for every algorithm before TRL or tokenizers load
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's warning on its experimental rollout_func
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warnings from the rollout's tokenizers
@@ -34,6 +36,24 @@ TRL_VERSION = "1.16.0"
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __all__ = ["ALGORITHMS", "TRL_VERSION", "config_class"]
+
+#: old module path -> where it lives (``import trainers.rollout_func`` still works, with a DeprecationWarning)
+MOVED_MODULES = {
+    "trainers.compact": "trainers.demo.compact_prompt",
+    "trainers.dpo_trainer": "trainers.dpo.trainer",
+    "trainers.is_metrics": "trainers.grpo.importance_sampling_metrics",
+    "trainers.memory": "trainers.grpo.memory",
+    "trainers.pairs": "trainers.dpo.pairs",
+    "trainers.preflight": "trainers.grpo.preflight",
+    "trainers.promotion": "trainers.tracking.promotion",
+    "trainers.registry": "trainers.tracking.registry",
+    "trainers.rollout_func": "trainers.grpo.rollout_adapter",
+    "trainers.sampling": "trainers.grpo.sampling",
+    "trainers.store": "trainers.tracking.store",
+    "trainers.turn_grpo": "trainers.grpo.trainer",
+    "trainers.zero_advantage": "trainers.grpo.zero_advantage",
+}
+alias_moved_modules(MOVED_MODULES)
 
 
 class _Algorithms(Mapping[str, ModuleType]):
@@ -62,7 +82,7 @@ class _Algorithms(Mapping[str, ModuleType]):
         return f"ALGORITHMS({self._modules})"
 
 
-#: name -> module (``trainers.<name>``), imported lazily. Add an algorithm: write ``trainers/<name>.py`` with
+#: name -> module (``trainers.<name>``), imported lazily. Add an algorithm: write ``trainers/<name>.py`` (or a package) with
 #: ``Config`` and ``run`` and add it here (``tests/test_structure.py`` checks both).
 ALGORITHMS = _Algorithms({
     "grpo": "trainers.grpo",
@@ -75,6 +95,6 @@ ALGORITHMS = _Algorithms({
 
 def config_class(name: str) -> type:
     """The ``Config`` dataclass of algorithm ``name``. Cheap: the algorithm modules import torch/TRL only inside
-    functions (``trainers.dpo`` keeps its TRL subclasses in :mod:`trainers.dpo_trainer`), so listing the fields and
+    functions (``trainers.dpo`` keeps its TRL subclasses in :mod:`trainers.dpo.trainer`), so listing the fields and
     their help texts (``dataclasses.fields(config_class("grpo"))``) loads neither."""
     return ALGORITHMS[name].Config

@@ -1,7 +1,7 @@
 """Turn-level credit assignment: per-turn advantages from per-turn (process) rewards, in pure numpy.
 
 Engine-independent on purpose: nothing here imports torch, TRL or verl, so the TRL subclass
-(:mod:`trainers.turn_grpo`) and the verl adapter register the *same* estimator math. Inputs are plain Python
+(:mod:`trainers.grpo.trainer`) and the verl adapter register the *same* estimator math. Inputs are plain Python
 sequences; outputs are lists of floats (one advantage per turn per episode) and a numpy array per token.
 
 Notation: episode ``i`` has ``K_i`` turns with per-turn (process) rewards ``r[i][0..K_i-1]`` and an outcome

@@ -3,7 +3,7 @@
 Each round: sample ``k`` episodes per training task from the current model (temperature > 0), keep those whose
 reward clears ``threshold`` (optionally only the best per task), fine-tune on the kept episodes with the env's
 loss mask (:func:`trainers.sft.masked_sft`: only tokens the model sampled are trained), repeat. Oracle SFT
-(:mod:`trainers.sft` with :func:`toolgym.eval.oracle_policy`) is behaviour cloning; RFT only ever
+(:mod:`trainers.sft` with :func:`toolgym.evaluation.oracle_policy`) is behaviour cloning; RFT only ever
 trains on what the model itself wrote, so it needs a model that sometimes succeeds (e.g. after a short warm start).
 
 Per round it reports: sampled episodes, mean sampled reward, the share of tasks with at least one kept sample,
@@ -42,7 +42,7 @@ class Config:
     output_dir: str = opt("runs/rft", "where the model, rft_log.json and trajectories are written")
     split: str = opt("train", "split the training tasks are drawn from (never the eval split)")
     tasks: int = opt(64, "number of distinct training tasks per round")
-    task_seed: int = opt(1, "seed drawing the training tasks (toolgym.tasks.draw_tasks)")
+    task_seed: int = opt(1, "seed drawing the training tasks (toolgym.evaluation.tasks.draw_tasks)")
     k: int = opt(4, "samples per task per round")
     temperature: float = opt(1.0, "sampling temperature (> 0)")
     threshold: float = opt(1.0, "keep samples whose episode reward is >= this")
@@ -161,8 +161,8 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     ``metrics``: ``{"config", "rounds": [stats...], "generated_tokens", "eval_before"?}`` (also written to
     ``output_dir/rft_log.json``); ``artifacts``: ``kept_round{r}`` (each round's kept episodes, JSONL) and ``log``.
     """
+    from toolgym.evaluation.tasks import draw_tasks, round_tasks
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from toolgym.tasks import draw_tasks, round_tasks
     from toolgym.trajectory import summarize, write_trajectories
     from trainers.contract import load_policy, prepare
 
@@ -219,7 +219,7 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
             f"{stats['kept']}, {stats['sft_steps']} SFT steps (loss {loss}){ev}  ({stats['wall_s']:.0f} s)")
     model_dir = None
     if cfg.save:
-        from trainers.compact import save_checkpoint
+        from trainers.demo.compact_prompt import save_checkpoint
 
         save_checkpoint(model, tokenizer, out)
         model_dir = str(out)

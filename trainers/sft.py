@@ -368,9 +368,9 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     """
     from trl import SFTTrainer
 
-    from toolgym.eval import oracle_policy
+    from toolgym.evaluation import oracle_policy
+    from toolgym.evaluation.tasks import round_tasks
     from toolgym.rollout import TransformersPolicy
-    from toolgym.tasks import round_tasks
     from trainers.contract import load_policy, prepare
     from trainers.runconfig import trl_config
 

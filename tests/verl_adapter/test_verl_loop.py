@@ -34,9 +34,9 @@ from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from toolgym.envs.calculator import CalculatorEnv  # noqa: E402
+from toolgym.envs.vector import ToolVectorEnv  # noqa: E402
 from toolgym.rewards import Combine, NumericMatch, ToolCallFormat  # noqa: E402
 from toolgym.rollout import RolloutDriver, ScriptedPolicy  # noqa: E402
-from toolgym.vector import ToolVectorEnv  # noqa: E402
 from trainers.credit import token_advantages, turn_advantages  # noqa: E402
 from trainers.verl import advantage, agent_loop  # noqa: E402
 from trainers.verl.launch import make_rows  # noqa: E402

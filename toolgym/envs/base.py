@@ -385,7 +385,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def share_executor(self) -> ToolExecutor:
         """Hand this env's executor over to a caller that shares it with other envs (e.g.
-        :class:`~toolgym.vector.ToolVectorEnv`): the env keeps using it, but :meth:`close` no longer closes it; the
+        :class:`~toolgym.envs.vector.ToolVectorEnv`): the env keeps using it, but :meth:`close` no longer closes it; the
         caller does. Returns the executor (pass it as ``executor=`` to the other envs)."""
         self.owns_executor = False
         return self.executor

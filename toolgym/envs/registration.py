@@ -1,7 +1,7 @@
 """Registration of the toolgym environments with Gymnasium.
 
 Each env is registered with a ``vector_entry_point`` so ``gym.make_vec(id, num_envs=N)`` returns a
-:class:`toolgym.vector.ToolVectorEnv` (one event loop, one shared tool executor) instead of N copies in
+:class:`toolgym.envs.vector.ToolVectorEnv` (one event loop, one shared tool executor) instead of N copies in
 Gymnasium's sync/async wrappers. :func:`make_vector_env` is the one builder of a rollout vector env (autoreset
 off) from an env id: evaluation, the rollout driver, the TRL adapter and the demo all build theirs with it.
 """
@@ -53,7 +53,7 @@ def _load(entry_point: str) -> Any:
 
 def make_vector(entry_point: str, num_envs: int = 1, **kwargs: Any) -> Any:
     """The ``vector_entry_point`` of every toolgym env: a ToolVectorEnv over ``num_envs`` copies."""
-    from toolgym.vector import ToolVectorEnv
+    from toolgym.envs.vector import ToolVectorEnv
 
     return ToolVectorEnv(_load(entry_point), num_envs=num_envs, **kwargs)
 
@@ -81,7 +81,7 @@ def import_env_id(env_id: str) -> str:
 
 
 def make_vector_env(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | None = None) -> Any:
-    """A :class:`~toolgym.vector.ToolVectorEnv` of ``num_envs`` copies of ``env_id`` with autoreset disabled (what
+    """A :class:`~toolgym.envs.vector.ToolVectorEnv` of ``num_envs`` copies of ``env_id`` with autoreset disabled (what
     a rollout drives: each episode is reset explicitly with its task).
 
     ``env_id`` is any registered id, including ``"module:Env-v0"`` (``module`` is imported first). Envs
@@ -90,7 +90,7 @@ def make_vector_env(env_id: str, num_envs: int, env_kwargs: Mapping[str, Any] | 
     """
     from gymnasium.vector import AutoresetMode
 
-    from toolgym.vector import ToolVectorEnv
+    from toolgym.envs.vector import ToolVectorEnv
 
     register_envs()
     env_id = import_env_id(env_id)

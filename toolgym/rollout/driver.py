@@ -1,7 +1,7 @@
 """Rollout driver: run token-level tool episodes with a :class:`~toolgym.rollout.types.Policy`, lock-step or
 continuous.
 
-:class:`RolloutDriver` runs episodes on a :class:`toolgym.vector.ToolVectorEnv` with one of two schedules:
+:class:`RolloutDriver` runs episodes on a :class:`toolgym.envs.vector.ToolVectorEnv` with one of two schedules:
 
 * ``"lockstep"``: generate one turn for every running episode in one policy call, step them all concurrently
   (all tool calls of the step run at once), repeat until every episode has ended. The number of policy calls
@@ -55,7 +55,7 @@ class RolloutDriver:
     """Run episodes of a toolgym env with a :class:`Policy`.
 
     Args:
-        env: a :class:`~toolgym.vector.ToolVectorEnv`, or an env id for ``gym.make_vec`` (then ``num_envs`` and
+        env: a :class:`~toolgym.envs.vector.ToolVectorEnv`, or an env id for ``gym.make_vec`` (then ``num_envs`` and
             ``env_kwargs`` build it; autoreset is disabled).
         policy: the policy.
         schedule: ``"lockstep"`` or ``"continuous"`` (see the module docstring).

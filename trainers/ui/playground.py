@@ -43,7 +43,7 @@ class ToolPlayground:
         """Build env ``name`` (any spelling ``toolgym list`` accepts, or ``module:Env-v0``) and return its tools."""
         import gymnasium as gym
 
-        from toolgym.cli_common import CLIError, env_construction_error, resolve_env_id
+        from toolgym.cli.common import CLIError, env_construction_error, resolve_env_id
 
         name = (name or "").strip()
         if not name:

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 
-from toolgym.cli_common import add_ui_arguments
+from toolgym.cli.common import add_ui_arguments
 from toolgym.errors import CLIError, ExitCode
 from trainers.ui import commands as C
 from trainers.ui.jobs import JobError, JobStore, redact
@@ -320,7 +320,7 @@ def build_app(ui: UI) -> Any:
 
     @app.get("/view", response_class=HTMLResponse)
     def view(file: str, compare: str | None = None) -> Any:
-        from toolgym.viewer import TrajectoryFileError, load_trajectory_rows, render_html
+        from toolgym.report.viewer import TrajectoryFileError, load_trajectory_rows, render_html
 
         a = C.inside(ui.runs, file, what="trajectory file")
         b = C.inside(ui.runs, compare, what="trajectory file") if compare else None

@@ -14,7 +14,7 @@ What verl does with it (read from verl 0.9.1's ``experimental/agent_loop/agent_l
   included), ``response_mask`` (1 = the policy sampled it), ``response_logprobs``, ``reward_score``, ...
 
 What this loop does: it plays one toolgym episode with toolgym's own :class:`~toolgym.rollout.RolloutDriver` (a
-one-env :class:`~toolgym.vector.ToolVectorEnv` built with verl's tokenizer) and a :class:`VerlServerPolicy` that
+one-env :class:`~toolgym.envs.vector.ToolVectorEnv` built with verl's tokenizer) and a :class:`VerlServerPolicy` that
 generates each turn through the server manager. The env renders the prompt and every observation, so the tokens
 verl trains on are exactly the episode's (no re-tokenisation; ``response_mask`` is the trajectory's loss mask).
 
@@ -223,7 +223,7 @@ class ToolgymAgentLoop(AgentLoopBase):
         self.max_turn_tokens = int(max_turn_tokens) if max_turn_tokens else self.response_length
 
     def make_env(self, env_id: str, env_kwargs: Mapping[str, Any]) -> Any:
-        """A one-env :class:`~toolgym.vector.ToolVectorEnv` for ``env_id`` with verl's tokenizer."""
+        """A one-env :class:`~toolgym.envs.vector.ToolVectorEnv` for ``env_id`` with verl's tokenizer."""
         import gymnasium as gym
         from gymnasium.vector import AutoresetMode
 

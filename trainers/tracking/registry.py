@@ -17,7 +17,7 @@ Version tags carry the lineage (``toolgym.training_run_id``, ``toolgym.base_mode
 evaluation (``eval.env_id``, ``eval.split``, ``eval.n_tasks``, ``eval.task_set``, ``eval.success``, ...).
 
 Promotion compares the two versions on **the same evaluation** (same env, split and task set): per-task success
-paired by task id, 95% CI of the mean difference from :func:`toolgym.eval.paired_difference_ci`; the alias
+paired by task id, 95% CI of the mean difference from :func:`toolgym.evaluation.paired_difference_ci`; the alias
 moves only when the whole interval is above 0. ``--force --reason`` moves it anyway and records why.
 
 Errors are one line with the ``toolgym`` exit code: 2 unknown model / version / alias or bad arguments, 3 a
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
-from trainers.promotion import _short, compare, decide
-from trainers.store import check_store_writable, store_lock
 from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
+from trainers.tracking.promotion import _short, compare, decide
+from trainers.tracking.store import check_store_writable, store_lock
 
 __all__ = [
     "EVAL_KEYS",
@@ -398,7 +398,7 @@ def promote(name: str, version: str | int, alias: str = "champion", *, force: bo
     :func:`compare`); a version with no holder to beat needs an evaluation. ``force`` (with a ``reason``) moves it
     anyway. The decision is recorded as the version tag ``toolgym.promoted.<alias>``.
 
-    The move is a compare-and-set: under the store's lock (:func:`trainers.store.store_lock`) the alias is moved
+    The move is a compare-and-set: under the store's lock (:func:`trainers.tracking.store.store_lock`) the alias is moved
     only if it still names the holder the decision was made against; if another promotion moved it meanwhile, the
     decision is made again against the new holder (so two promotions at once never both win against the same old
     holder, and the alias never lands on a version that does not beat the one it replaces).
@@ -563,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return ExitCode.OK
 
 
-if __name__ == "__main__":  # `python -m trainers.registry ...` = `toolgym registry ...`
+if __name__ == "__main__":  # `python -m trainers.tracking.registry ...` = `toolgym registry ...`
     try:
         sys.exit(main())
     except CLIError as _e:

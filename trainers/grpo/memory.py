@@ -3,7 +3,7 @@
 glibc keeps freed blocks inside its heap (and raises its mmap threshold after large frees), so a process's resident
 memory stays at the high-water mark of its last transient; the next forward/backward then grows on top of that
 instead of from what is live. :class:`TrimHeapCallback` trims after every micro-batch and optimizer step;
-:class:`trainers.rollout_func.ToolgymRollout` (``trim_heap=True``) trims after each generation. Both are on with
+:class:`trainers.grpo.rollout_adapter.ToolgymRollout` (``trim_heap=True``) trims after each generation. Both are on with
 :attr:`trainers.grpo.Config.trim_heap`; :func:`toolgym.resources.trim_heap` is a no-op where there is no glibc.
 """
 

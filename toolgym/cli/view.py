@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli_common import CLIError, ExitCode, load_tokenizer_arg
+from toolgym.cli.common import CLIError, ExitCode, load_tokenizer_arg
 
 __all__ = ["add_parsers", "cmd_plot", "cmd_view"]
 
@@ -27,7 +27,7 @@ def _tokenizer_for_view(spec: str) -> Any:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from toolgym.viewer import TrajectoryFileError, load_trajectory_rows, write_report
+    from toolgym.report.viewer import TrajectoryFileError, load_trajectory_rows, write_report
 
     src = Path(args.trajectories)
     cut: list[str] = []
@@ -66,7 +66,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from toolgym import plots
-    from toolgym.viewer import TrajectoryFileError
+    from toolgym.report.viewer import TrajectoryFileError
 
     try:
         if args.kind == "curves":

@@ -11,7 +11,7 @@ from typing import Any
 
 from trl.trainer.dpo_trainer import DataCollatorForPreference, DPOTrainer
 
-from trainers.pairs import pairs_dataset
+from trainers.dpo.pairs import pairs_dataset
 
 __all__ = ["EnvDPOTrainer", "MaskedPreferenceCollator", "build_dpo_trainer", "train_dpo"]
 

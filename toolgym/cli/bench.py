@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli_common import CLIError, ExitCode, print_error
+from toolgym.cli.common import CLIError, ExitCode, print_error
 
 __all__ = [
     "BENCHMARKS",

@@ -37,7 +37,7 @@ class Config:
     env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
     env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "keyword arguments of the env, e.g. {split: train}, a retriever URL, template_kwargs"})
-    num_train_tasks: int = opt(256, "distinct tasks drawn from the env for the dataset (toolgym.tasks.draw_tasks; "
+    num_train_tasks: int = opt(256, "distinct tasks drawn from the env for the dataset (toolgym.evaluation.tasks.draw_tasks; "
                                     "all of a dataset-backed split when it has fewer)")
     task_seed: int = opt(0, "seed drawing the training tasks")
     dataset_repeat: int = opt(1, "times the task list is repeated in the training dataset TRL samples prompts from "
@@ -50,7 +50,7 @@ class Config:
     advantage: str = opt("outcome", "credit assignment: outcome (one advantage per episode: TRL's GRPO, the "
                                     "default) | turn_return (each turn's tokens get its discounted reward-to-go "
                                     "minus a per-turn-index group baseline) | gigpo (episode advantage + a step "
-                                    "advantage among turns from the same env state); trainers/turn_grpo.py")
+                                    "advantage among turns from the same env state); trainers/grpo/trainer.py")
     gamma: float = opt(1.0, "per-turn discount of the turn_return / gigpo returns, in (0, 1]")
     lora: dict[str, Any] | None = field(default=None, metadata={
         "help": "train LoRA adapters instead of every weight: peft.LoraConfig fields, e.g. {r: 16, lora_alpha: 32, "
@@ -62,7 +62,7 @@ class Config:
                                  "backward; costs page faults (milliseconds per step)")
     skip_zero_advantage: bool = opt(True, "leave out the forward and backward of micro-batches whose advantages "
                                           "are all zero, where their gradient is exactly zero (one process, beta 0, "
-                                          "no entropy bonus; trainers/zero_advantage.py): GRPO groups that all "
+                                          "no entropy bonus; trainers/grpo/zero_advantage.py): GRPO groups that all "
                                           "failed or all succeeded cost no training compute")
     trl: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
@@ -93,9 +93,9 @@ def lora_config(fields: Mapping[str, Any]) -> Any:
 
 
 def trainer_class(config: Config) -> type:
-    """The trainer class :func:`build_trainer` builds: :class:`trainers.turn_grpo.TurnCreditGRPOTrainer`, TRL's
+    """The trainer class :func:`build_trainer` builds: :class:`trainers.grpo.trainer.TurnCreditGRPOTrainer`, TRL's
     ``GRPOTrainer`` with the advantage estimator ``config.advantage`` (``outcome``: TRL's own numbers, untouched)."""
-    from trainers.turn_grpo import TurnCreditGRPOTrainer
+    from trainers.grpo.trainer import TurnCreditGRPOTrainer
 
     return TurnCreditGRPOTrainer
 
@@ -104,18 +104,24 @@ def build_trainer(
     config: Config, *, model: Any = None, tokenizer: Any = None,
     tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = (),
 ) -> tuple[Any, Any]:
-    """The trainer (:func:`trainer_class`) wired to a :class:`~trainers.rollout_func.ToolgymRollout`; returns
+    """The trainer (:func:`trainer_class`) wired to a :class:`~trainers.grpo.rollout_adapter.ToolgymRollout`; returns
     ``(trainer, rollout)``.
 
     ``model``/``tokenizer`` default to ``config.model`` (:func:`trainers.contract.load_policy`); ``tasks`` to
-    ``config.num_train_tasks`` tasks drawn with :func:`toolgym.tasks.draw_tasks`; ``callbacks`` go to the trainer
+    ``config.num_train_tasks`` tasks drawn with :func:`toolgym.evaluation.tasks.draw_tasks`; ``callbacks`` go to the trainer
     before the MLflow ones (``report_to: mlflow``).
     """
-    from toolgym.tasks import draw_tasks
+    from toolgym.evaluation.tasks import draw_tasks
     from trainers.contract import load_policy
-    from trainers.is_metrics import add_is_metrics
-    from trainers.preflight import check_report_to, check_server_hosts, ensure_model_dir, needs_model_dir, num_machines
-    from trainers.rollout_func import ToolgymRollout, env_reward, make_dataset
+    from trainers.grpo.importance_sampling_metrics import add_is_metrics
+    from trainers.grpo.preflight import (
+        check_report_to,
+        check_server_hosts,
+        ensure_model_dir,
+        needs_model_dir,
+        num_machines,
+    )
+    from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset
     from trainers.runconfig import trl_config
     from trainers.tracking import mlflow_callbacks
 
@@ -135,7 +141,7 @@ def build_trainer(
         trajectory_dir=config.trajectory_dir, schedule=config.schedule, trim_heap=config.trim_heap,
     )
     if config.trim_heap:
-        from trainers.memory import TrimHeapCallback
+        from trainers.grpo.memory import TrimHeapCallback
 
         callbacks = [*callbacks, TrimHeapCallback()]
     trainer = trainer_class(config)(
@@ -145,7 +151,7 @@ def build_trainer(
         advantage=config.advantage, gamma=config.gamma, skip_zero_advantage=config.skip_zero_advantage,
         **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
     )
-    add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/is_metrics.py)
+    add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/grpo/importance_sampling_metrics.py)
     no_autocast_weight_cache(trainer)
     return trainer, rollout
 
@@ -202,7 +208,7 @@ def no_autocast_weight_cache(trainer: Any) -> bool:
     cache lives as long as the outermost autocast context). A training forward uses each weight once, so the cache
     saves no cast there; under gradient checkpointing it only holds ~2 bytes per trainable parameter that would
     otherwise be freed layer by layer (SmolLM2-135M: ~212 MB). The values are the same: the same cast, made at
-    use. Generation keeps one cache per ``generate()`` call (:func:`trainers.rollout_func.TRLPolicy` runs it under
+    use. Generation keeps one cache per ``generate()`` call (:func:`trainers.grpo.rollout_adapter.TRLPolicy` runs it under
     its own context, without this wrapper). An autocast handler the caller configured is left as it is."""
     accelerator = getattr(trainer, "accelerator", None)
     if accelerator is None or not getattr(accelerator, "native_amp", False) or accelerator.autocast_handler is not None:

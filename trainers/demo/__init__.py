@@ -7,7 +7,7 @@
    yet reliable use: held-out success stays low, which leaves GRPO room to learn.
 3. Held-out evaluation again (same tasks, same seeds); the checkpoint is saved (``warmstart/``).
 4. GRPO through the algorithm contract (``trainers.ALGORITHMS["grpo"].run``: :mod:`trainers.grpo`,
-   :class:`trainers.rollout_func.ToolgymRollout`) on ``train``-split tasks: the model's own multi-turn episodes, the env's reward. Per step: reward,
+   :class:`trainers.grpo.rollout_adapter.ToolgymRollout`) on ``train``-split tasks: the model's own multi-turn episodes, the env's reward. Per step: reward,
    ``frac_reward_zero_std`` (share of groups GRPO cannot learn from), success, tool-call rate, error kinds.
 5. Held-out evaluation again; the paired difference (after GRPO - after warm start, same tasks and seeds) with
    its 95% CI; the final checkpoint (``final/``), a plot (``demo.png``), ``metrics.json`` and every trajectory
@@ -17,7 +17,7 @@ No test-split task is ever trained on: Calculator-v0's splits are disjoint by a 
 warm-start and GRPO tasks are drawn from ``train``.
 
 Speed (2 CPU cores): generation prefill dominates, so the demo renders the tool list compactly and uses a short
-system prompt (:mod:`trainers.compact`, ~95 prompt tokens instead of ~290), identically for warm start, GRPO and
+system prompt (:mod:`trainers.demo.compact_prompt`, ~95 prompt tokens instead of ~290), identically for warm start, GRPO and
 every evaluation; both checkpoints carry that chat template in their tokenizer.
 
 Run::
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from toolgym.eval import paired_difference_ci, wilson_interval
+from toolgym.evaluation import paired_difference_ci, wilson_interval
 
 __all__ = ["DemoConfig", "main", "run_demo"]
 
@@ -109,7 +109,7 @@ def prompt_kwargs(compact: bool) -> dict[str, Any]:
     """The env kwargs that fix the prompt (same for warm start, GRPO and evaluation)."""
     if not compact:
         return {}
-    from trainers.compact import COMPACT_SYSTEM_PROMPT, compact_tools_template
+    from trainers.demo.compact_prompt import COMPACT_SYSTEM_PROMPT, compact_tools_template
 
     return {"system_prompt": COMPACT_SYSTEM_PROMPT, "chat_template": compact_tools_template()}
 
@@ -137,13 +137,13 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 
     import toolgym  # noqa: F401
     from toolgym.envs.registration import make_vector_env
-    from toolgym.eval import oracle_policy
+    from toolgym.evaluation import oracle_policy
+    from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from toolgym.tasks import draw_tasks
     from toolgym.trajectory import summarize, write_trajectories
     from trainers import ALGORITHMS
-    from trainers.compact import save_checkpoint
+    from trainers.demo.compact_prompt import save_checkpoint
     from trainers.sft import collect, masked_sft
 
     if cfg.threads:
@@ -276,7 +276,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     grpo_tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=cfg.seed + 2, split="train", env_kwargs={"tokenizer": tok})
     print(f"[demo] GRPO: {cfg.grpo_steps} steps x {cfg.grpo_prompts_per_step} train tasks x "
           f"{cfg.grpo_num_generations} samples (temperature {cfg.grpo_temperature:g}, lr {cfg.grpo_lr:g}, "
-          f"beta {cfg.grpo_beta:g}) through trainers.rollout_func.ToolgymRollout", flush=True)
+          f"beta {cfg.grpo_beta:g}) through trainers.grpo.rollout_adapter.ToolgymRollout", flush=True)
     if not grpo_ckpt and cfg.gradient_checkpointing:
         model.gradient_checkpointing_disable()
     model.train()

@@ -1,8 +1,8 @@
 """What every ``toolgym`` subcommand module shares: the exit codes, :class:`CLIError`, env-id resolution and
 env-construction errors, ``--env-kwarg`` parsing, the policy built from ``--policy``, and ``--report-to``.
 
-:mod:`toolgym.cli` and the subcommand modules (:mod:`toolgym.cli_eval`, :mod:`toolgym.cli_bench`,
-:mod:`toolgym.cli_view`) import this module; it imports none of them (dependencies point one way).
+:mod:`toolgym.cli` and the subcommand modules (:mod:`toolgym.cli.eval`, :mod:`toolgym.cli.bench`,
+:mod:`toolgym.cli.view`) import this module; it imports none of them (dependencies point one way).
 """
 
 from __future__ import annotations
@@ -242,11 +242,11 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
 
     spec: str = args.policy
     if spec == "oracle":
-        from toolgym.eval import oracle_policy
+        from toolgym.evaluation import oracle_policy
 
         return oracle_policy(), None
     if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
-        spec = str(trainers_module("trainers.registry").resolve_model_uri(spec))
+        spec = str(trainers_module("trainers.tracking.registry").resolve_model_uri(spec))
     if spec.startswith(("http://", "https://")):
         check_reachable(spec)
         tok = load_tokenizer_arg(args.tokenizer)

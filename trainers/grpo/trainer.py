@@ -6,7 +6,7 @@ accepts advantages of shape ``(B, T)`` ("to support subclasses that provide adva
 
 * gathers, from every process, what the estimator needs per episode (per-turn rewards, outcome reward, anchor
   state keys: the rollout extra fields ``env_turn_rewards``, ``env_outcome``, ``env_anchors`` that
-  :class:`trainers.rollout_func.ToolgymRollout` returns and TRL merges into the inputs), because a group of
+  :class:`trainers.grpo.rollout_adapter.ToolgymRollout` returns and TRL merges into the inputs), because a group of
   ``num_generations`` samples can span ranks;
 * computes one advantage per turn with :func:`trainers.credit.turn_advantages` (groups = TRL's: consecutive
   ``num_generations`` samples of the global batch; ``scale`` = the trainer's ``scale_rewards``);
@@ -35,11 +35,11 @@ import torch
 from trl import GRPOTrainer
 
 from trainers.credit import check_estimator, token_advantages, turn_advantages
-from trainers.zero_advantage import PARTITION_INVARIANT, all_zero, ensure_zero_grads, regroup, skippable
+from trainers.grpo.zero_advantage import PARTITION_INVARIANT, all_zero, ensure_zero_grads, regroup, skippable
 
 __all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "scored_positions_only", "trim_padding"]
 
-#: rollout extra fields the estimator reads (``trainers.rollout_func.ToolgymRollout`` returns them)
+#: rollout extra fields the estimator reads (``trainers.grpo.rollout_adapter.ToolgymRollout`` returns them)
 NEEDED = ("env_turn_rewards", "env_outcome", "env_turn_spans")
 
 #: the loss inputs laid out like the prompt (left padded) and like the completion (right padded)
@@ -156,7 +156,7 @@ def check_turn_credit_args(args: Any, advantage: str, reward_func_names: Sequenc
         problems.append("multi_objective_aggregation other than 'sum_then_normalize'")
     if list(reward_func_names) != ["env_reward"]:
         problems.append(f"reward functions {list(reward_func_names)} (turn-level estimators read the env's per-turn "
-                        "and outcome rewards; use trainers.rollout_func.env_reward alone)")
+                        "and outcome rewards; use trainers.grpo.rollout_adapter.env_reward alone)")
     if problems:
         raise ValueError(f"advantage={advantage!r} gives every turn its own advantage and cannot be combined with: "
                          + "; ".join(problems) + ". Use advantage='outcome' for those.")
@@ -179,13 +179,13 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         gamma: per-turn discount of ``turn_return`` / ``gigpo`` returns, ``(0, 1]``.
         gigpo_omega: weight of GiGPO's step-level advantage.
         skip_zero_advantage: leave out the forward and backward of micro-batches whose advantages are all zero,
-            where their gradient is exactly zero (:mod:`trainers.zero_advantage`; one process only).
+            where their gradient is exactly zero (:mod:`trainers.grpo.zero_advantage`; one process only).
     """
 
     def __init__(self, *args: Any, advantage: str = "outcome", gamma: float = 1.0, gigpo_omega: float = 1.0,
                  skip_zero_advantage: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: leave out micro-batches whose advantages are all zero where that is exact (:mod:`trainers.zero_advantage`)
+        #: leave out micro-batches whose advantages are all zero where that is exact (:mod:`trainers.grpo.zero_advantage`)
         self.skip_zero_advantage = bool(skip_zero_advantage) and skippable(self)
         #: how many micro-batches were left out so far
         self.skipped_micro_batches = 0
@@ -213,7 +213,7 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
             if self.advantage == "outcome":
                 return output
             raise ValueError(f"advantage={self.advantage!r} needs the rollout extra fields {list(NEEDED)} "
-                             f"(missing {missing}): use trainers.rollout_func.ToolgymRollout as rollout_func")
+                             f"(missing {missing}): use trainers.grpo.rollout_adapter.ToolgymRollout as rollout_func")
         mode = "train" if self.model.training else "eval"
         n_gen = self.num_generations if mode == "train" else self.num_generations_eval
         local = [{"r": [float(x) for x in inp["env_turn_rewards"]], "o": float(inp["env_outcome"]),
@@ -253,7 +253,7 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         """TRL's, then, on a freshly generated batch, its zero-advantage rows moved into the last micro-batches
-        (:func:`trainers.zero_advantage.regroup`; the step's gradient is the same sum) when they may be skipped."""
+        (:func:`trainers.grpo.zero_advantage.regroup`; the step's gradient is the same sum) when they may be skipped."""
         spg = int(getattr(self.args, "steps_per_generation", 1) or 1)
         fresh = self.model.training and (self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None)
         inputs = super()._prepare_inputs(generation_batch)
@@ -267,7 +267,7 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """TRL's loss on the micro-batch without its all-padding columns (:func:`trim_padding`), its LM head
         scoring only the completion positions (:func:`scored_positions_only`). A micro-batch whose advantages are
-        all zero is not computed when its gradient is exactly zero (:mod:`trainers.zero_advantage`): a zero loss,
+        all zero is not computed when its gradient is exactly zero (:mod:`trainers.grpo.zero_advantage`): a zero loss,
         and zero gradients for trainable parameters that have none yet."""
         if self.skip_zero_advantage and model.training and all_zero(inputs):
             ensure_zero_grads(model)

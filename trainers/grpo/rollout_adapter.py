@@ -39,7 +39,7 @@ from toolgym.rollout import Generation, GenerationRequest, RolloutDriver, TurnCa
 from toolgym.tools.base import ToolErrorKind
 from toolgym.trajectory import Trajectory
 from trainers.credit import anchor_key
-from trainers.sampling import inverse_cdf_sampling
+from trainers.grpo.sampling import inverse_cdf_sampling
 
 __all__ = ["TRLPolicy", "ToolgymRollout", "env_reward", "guard_empty_completions", "make_dataset", "prompt_key"]
 
@@ -201,7 +201,7 @@ def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
 
 
 def _cpu_sampling(trainer: Any) -> contextlib.AbstractContextManager[Any]:
-    """TRL's transformers ``generate()`` samples by inverse CDF on a CPU (:func:`trainers.sampling.inverse_cdf_sampling`:
+    """TRL's transformers ``generate()`` samples by inverse CDF on a CPU (:func:`trainers.grpo.sampling.inverse_cdf_sampling`:
     the same distribution without ``torch.multinomial``'s exponential variate per vocabulary entry). vLLM,
     continuous batching and sharded models are left alone."""
     model = _unwrapped_model(trainer)
@@ -377,7 +377,7 @@ class ToolgymRollout:
     Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
     (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),
     ``env_reward`` (the episode reward), ``env_outcome``, ``env_tool_calls``, ``env_turns``, ``env_truncated``,
-    ``env_errors`` (list of error kinds), ``task_id``; for turn-level credit (:mod:`trainers.turn_grpo`):
+    ``env_errors`` (list of error kinds), ``task_id``; for turn-level credit (:mod:`trainers.grpo.trainer`):
     ``env_turn_rewards`` (per-turn process rewards), ``env_turn_spans`` (each turn's ``[action_start, action_end)``
     in the completion) and ``env_anchors`` (per turn, :func:`trainers.credit.anchor_key` of the tokens before it).
 
@@ -410,7 +410,7 @@ class ToolgymRollout:
         self.venv: Any = None
         self.policy: TRLPolicy | None = None
         self.last_trajectories: list[Trajectory] = []
-        #: set by :class:`trainers.turn_grpo.TurnCreditGRPOTrainer`: trajectories wait for :meth:`write_pending`
+        #: set by :class:`trainers.grpo.trainer.TurnCreditGRPOTrainer`: trajectories wait for :meth:`write_pending`
         #: (which adds each turn's advantage) instead of being written at once
         self.defer_write = False
         self.pending: tuple[Path, list[Trajectory]] | None = None
@@ -428,7 +428,7 @@ class ToolgymRollout:
         if task is None:
             raise KeyError(
                 f"prompt {key[:80]!r} matches no task id or prompt given to ToolgymRollout "
-                "(build the dataset with trainers.rollout_func.make_dataset(tasks))"
+                "(build the dataset with trainers.grpo.rollout_adapter.make_dataset(tasks))"
             )
         return task
 
@@ -574,7 +574,7 @@ def env_reward(
     episode, turns, truncated fraction, and ``toolgym/errors/<kind>`` (errors per episode) for every
     :class:`~toolgym.tools.base.ToolErrorKind` (always all kinds, so every rank logs the same names)."""
     if env_reward is None:
-        raise ValueError("env_reward needs the `env_reward` field: use it with trainers.rollout_func.ToolgymRollout")
+        raise ValueError("env_reward needs the `env_reward` field: use it with trainers.grpo.rollout_adapter.ToolgymRollout")
     n = len(env_reward)
     if log_metric is not None and n:
         if env_outcome is not None:

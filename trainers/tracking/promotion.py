@@ -1,4 +1,4 @@
-"""The promotion decision of the model registry (:func:`trainers.registry.promote`), without the store: the paired
+"""The promotion decision of the model registry (:func:`trainers.tracking.registry.promote`), without the store: the paired
 comparison of two evaluations (:func:`compare`) and the record of a promotion (:func:`decide`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _short(env_id: Any) -> str:
 
 def compare(champion: Mapping[str, Any], challenger: Mapping[str, Any]) -> dict[str, Any]:
     """Paired comparison of two evaluations on the same env, split and task set: per-task success aligned by
-    task id, ``toolgym.eval.paired_difference_ci(before=champion, after=challenger)``. Returns ``{"comparable":
+    task id, ``toolgym.evaluation.paired_difference_ci(before=champion, after=challenger)``. Returns ``{"comparable":
     bool, "why": str, "mean", "lo", "hi", "n"}``; ``better`` is ``lo > 0``."""
     for key in ("env_id", "split"):
         if _short(champion[key]) != _short(challenger[key]):
@@ -30,7 +30,7 @@ def compare(champion: Mapping[str, Any], challenger: Mapping[str, Any]) -> dict[
         return {"comparable": False, "better": False,
                 "why": f"different task sets ({len(b)} tasks, {len(set(a) & set(b))} shared with the champion's "
                        f"{len(a)}): evaluate both on the same tasks (`toolgym registry attach-eval`)"}
-    from toolgym.eval import paired_difference_ci
+    from toolgym.evaluation import paired_difference_ci
 
     ids = sorted(a)
     ci = paired_difference_ci([a[t] for t in ids], [b[t] for t in ids])

@@ -11,11 +11,11 @@ episodes finish, and return an :class:`EvalReport`:
 * ``task_ids`` and ``per_task_success`` (aligned lists) for paired before/after comparisons
   (:func:`paired_difference_ci`).
 
-Task selection (:func:`toolgym.tasks.select_tasks`, re-exported here): ``"all"`` = the whole finite split; ``N`` =
+Task selection (:func:`toolgym.evaluation.tasks.select_tasks`, re-exported here): ``"all"`` = the whole finite split; ``N`` =
 N distinct tasks chosen reproducibly from the seed (a seeded permutation of a finite split, or distinct tasks drawn
 from a seeded generator on a procedural split such as Calculator-v0's, where ``"all"`` is an error); a ``.jsonl``
 path = those rows. Task ids (``row["id"]``, else a hash of the row) must be unique: a task is never run twice per
-sample. Trainers draw their tasks the same way (:func:`toolgym.tasks.draw_tasks`).
+sample. Trainers draw their tasks the same way (:func:`toolgym.evaluation.tasks.draw_tasks`).
 
 Streaming output (``out=``): the file is **not touched until the first episode has finished**. That episode is
 written to a temporary file in the same directory, which then atomically replaces ``out``; every later episode is
@@ -39,8 +39,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.envs.registration import import_env_id, make_vector_env
-from toolgym.jsonl import JSONLStream
-from toolgym.tasks import (
+from toolgym.evaluation.tasks import (
     TaskFileError,
     TaskSelectionError,
     _base_env,
@@ -48,6 +47,7 @@ from toolgym.tasks import (
     select_tasks,
     task_id,
 )
+from toolgym.jsonl import JSONLStream
 from toolgym.trajectory import Trajectory, summarize
 
 __all__ = [
@@ -308,7 +308,7 @@ def evaluate(
 
     Args:
         env_id_or_vector_env: an env id (built with ``split``/``env_kwargs``/``num_envs``, closed at the end) or a
-            :class:`~toolgym.vector.ToolVectorEnv` (left open).
+            :class:`~toolgym.envs.vector.ToolVectorEnv` (left open).
         policy: a :class:`~toolgym.rollout.Policy`, or ``"oracle"`` (the env's ``oracle(state)``).
         tasks: a selection for :func:`select_tasks` (``"all"``, N, a ``.jsonl`` path) or the task rows.
         k: samples per task (episodes = tasks x k; the samples of one task are adjacent).

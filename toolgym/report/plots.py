@@ -319,7 +319,7 @@ def latencies_from(source: Any) -> dict[str, list[float]]:
             data = json.loads(p.read_text(encoding="utf-8"))
             data = data.get("latencies_s", data) if isinstance(data, Mapping) else data
             return latencies_from(data)
-        from toolgym.viewer import load_trajectory_rows
+        from toolgym.report.viewer import load_trajectory_rows
 
         return latencies_from(load_trajectory_rows(p))
     if isinstance(source, Mapping):

@@ -21,7 +21,7 @@ bookmarked. Everything (CSS, JS, data) is inline: the file opens from disk with 
 
 Size: token ids are stored once per episode (a run-length loss mask, logprobs to 4 decimals when present),
 decoded token strings once per distinct id, prompts and task rows once per distinct value. The page template is
-``toolgym/viewer.html``; its data goes in one ``<script type="application/json">`` element.
+``toolgym/report/viewer.html``; its data goes in one ``<script type="application/json">`` element.
 
 Token ids are decoded with a tokenizer (default: the embedded one). Without one (``tokenizer=False`` / ``None``),
 the mask view is rebuilt from the turn records (action text = mask 1, tool results = mask 0) and the per-token

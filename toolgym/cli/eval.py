@@ -1,7 +1,7 @@
 """``toolgym eval``: each task of a split once (x k samples), success with a 95% Wilson interval, pass@k.
 
-The command is a thin layer over :func:`toolgym.eval.evaluate`; ``toolgym/cli.py`` only registers the subparser
-(:func:`add_parser`) and dispatches to :func:`cmd_eval`. This module imports :mod:`toolgym.cli_common`, never
+The command is a thin layer over :func:`toolgym.evaluation.evaluate`; ``toolgym/cli/main.py`` only registers the subparser
+(:func:`add_parser`) and dispatches to :func:`cmd_eval`. This module imports :mod:`toolgym.cli.common`, never
 :mod:`toolgym.cli`.
 """
 
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli_common import (
+from toolgym.cli.common import (
     CLIError,
     ExitCode,
     apply_run_settings,
@@ -85,7 +85,7 @@ def add_parser(sub: Any, epilog: str) -> argparse.ArgumentParser:
 
 def require_oracle(policy: str, env_id: str, venv: Any) -> None:
     """With ``--policy oracle``, a usage error (exit 2) before any episode unless the env defines an oracle."""
-    from toolgym.eval import has_oracle
+    from toolgym.evaluation import has_oracle
 
     if policy == "oracle" and not has_oracle(venv):
         raise CLIError(f"{env_id} has no oracle: define `oracle(self, state) -> str` on the env class to use "
@@ -94,7 +94,7 @@ def require_oracle(policy: str, env_id: str, venv: Any) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from toolgym.envs.registration import make_vector_env
-    from toolgym.eval import (
+    from toolgym.evaluation import (
         TaskFileError,
         TaskSelectionError,
         evaluate,

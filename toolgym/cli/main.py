@@ -14,7 +14,7 @@ Subcommands::
     toolgym plot latency traj.jsonl|latencies.json ... --out latency.png
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
-    toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/registry.py)
+    toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/tracking/registry.py)
     toolgym train grpo|sft|rft|dpo|reward_model [--config FILE.yaml] [--FIELD VALUE ...]   (the [train] extra)
     toolgym ui [--host 127.0.0.1] [--port 7860] [--runs runs/] [--token-file F]   web page (the [ui] extra)
 
@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.cli_bench import BENCHMARKS, SERVERS, run_benchmark, run_server, summary_line
-from toolgym.cli_bench import add_parsers as add_bench_parsers
-from toolgym.cli_common import (
+from toolgym.cli.bench import BENCHMARKS, SERVERS, run_benchmark, run_server, summary_line
+from toolgym.cli.bench import add_parsers as add_bench_parsers
+from toolgym.cli.common import (
     CLIError,
     ExitCode,
     add_ui_arguments,
@@ -62,9 +62,9 @@ from toolgym.cli_common import (
     resolve_env_id,
     trainers_module,
 )
-from toolgym.cli_eval import add_parser as add_eval_parser
-from toolgym.cli_eval import add_run_args, require_oracle
-from toolgym.cli_view import add_parsers as add_view_parsers
+from toolgym.cli.eval import add_parser as add_eval_parser
+from toolgym.cli.eval import add_run_args, require_oracle
+from toolgym.cli.view import add_parsers as add_view_parsers
 from toolgym.errors import OutputFileError
 
 __all__ = [
@@ -129,7 +129,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# rollout (eval: toolgym/cli_eval.py; view, plot: toolgym/cli_view.py; bench, serve: toolgym/cli_bench.py)
+# rollout (eval: toolgym/cli/eval.py; view, plot: toolgym/cli/view.py; bench, serve: toolgym/cli/bench.py)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -279,8 +279,8 @@ def run_train(argv: list[str]) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    if argv[:1] == ["registry"]:  # trainers/registry.py owns its arguments
-        return int(trainers_module("trainers.registry").main(argv[1:]))
+    if argv[:1] == ["registry"]:  # trainers/tracking/registry.py owns its arguments
+        return int(trainers_module("trainers.tracking.registry").main(argv[1:]))
     if argv[:1] == ["ui"]:  # trainers/ui owns its arguments
         return int(trainers_module("trainers.ui").main(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).

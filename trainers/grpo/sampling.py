@@ -13,7 +13,7 @@ token possible; ``generate()`` then runs greedily and picks it. Random numbers c
 as ``torch.multinomial``'s do (so a seeded run is reproducible, with other draws than transformers' own). A call
 that asks for scores or logits, beams, or a warper this module does not rebuild (typical-p, epsilon / eta cutoffs,
 top-h, watermarking, renormalised logits) is left to transformers. GRPO's transformers generation uses it on a CPU
-(:mod:`trainers.rollout_func`).
+(:mod:`trainers.grpo.rollout_adapter`).
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ other advantage-weighted loss of TRL) is exactly 0, and so is its gradient. TRL 
 of those rows. On ``make demo`` 50-100% of the groups of a step had zero reward spread (``frac_reward_zero_std``
 0.63-0.70 on average over three seeds), so most of the training compute of a step was spent to add zeros.
 
-:class:`trainers.turn_grpo.TurnCreditGRPOTrainer` uses the two functions here:
+:class:`trainers.grpo.trainer.TurnCreditGRPOTrainer` uses the two functions here:
 
 * :func:`regroup`: after TRL has shuffled and split a freshly generated batch into its micro-batches, the rows are
   laid out again so that the zero-advantage rows fill the last micro-batches (kept in TRL's shuffled order
   otherwise). For the loss types whose normaliser does not depend on which rows share a micro-batch (a global token
   count, or a fixed row count per micro-batch: everything but ``bnpo``) the step's gradient is the same sum; only
   the order of the floating-point additions changes.
-* :func:`all_zero`: :meth:`~trainers.turn_grpo.TurnCreditGRPOTrainer._compute_loss` returns a zero loss for such
+* :func:`all_zero`: :meth:`~trainers.grpo.trainer.TurnCreditGRPOTrainer._compute_loss` returns a zero loss for such
   a micro-batch without running the model, after giving every trainable parameter a zero gradient if it has none
   (so that the optimizer sees zeros, as it would have, and not ``None``: AdamW skips a parameter without a
   gradient, but moves one with a zero gradient by its momentum).

@@ -26,8 +26,8 @@ policy at the start of the round). Run (:class:`Config`, :func:`run`)::
 
     toolgym train dpo --config trainers/configs/dpo_calculator_cpu.yaml [--field value ...]
 
-The TRL classes (:class:`~trainers.dpo_trainer.MaskedPreferenceCollator`, :class:`~trainers.dpo_trainer.EnvDPOTrainer`,
-:func:`~trainers.dpo_trainer.train_dpo`) are in :mod:`trainers.dpo_trainer`, so this module imports without TRL.
+The TRL classes (:class:`~trainers.dpo.trainer.MaskedPreferenceCollator`, :class:`~trainers.dpo.trainer.EnvDPOTrainer`,
+:func:`~trainers.dpo.trainer.train_dpo`) are in :mod:`trainers.dpo.trainer`, so this module imports without TRL.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 
 from toolgym.trajectory import Trajectory
 from trainers.contract import RunResult
-from trainers.pairs import load_pairs, make_pairs, pairs_dataset, save_pairs
+from trainers.dpo.pairs import load_pairs, make_pairs, pairs_dataset, save_pairs
 from trainers.runconfig import opt
 
 __all__ = [
@@ -145,10 +145,10 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     ``metrics``: pairs, losses, generated tokens and wall time per round (also written to
     ``output_dir/dpo_summary.json``); ``artifacts``: the pairs datasets and trajectories it wrote.
     """
+    from toolgym.evaluation.tasks import draw_tasks, round_tasks
     from toolgym.rollout import TransformersPolicy, read_trajectories, summarize
-    from toolgym.tasks import draw_tasks, round_tasks
     from trainers.contract import load_policy, prepare
-    from trainers.dpo_trainer import train_dpo
+    from trainers.dpo.trainer import train_dpo
 
     t0 = time.perf_counter()
     prepare(threads=cfg.threads, seed=cfg.seed)

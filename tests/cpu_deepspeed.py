@@ -8,7 +8,7 @@ uses ``gloo`` (DeepSpeed's CPU accelerator), then runs the script. GPUs never ne
 is available)::
 
     accelerate launch --config_file trainers/configs/accelerate_zero3.yaml --num_processes 2 \\
-        --mixed_precision no -m trainers.cpu_deepspeed SCRIPT.py [script args]
+        --mixed_precision no -m tests.cpu_deepspeed SCRIPT.py [script args]
 
 DeepSpeed itself installs without CUDA from its sdist: ``DS_BUILD_OPS=0 pip install --no-build-isolation
 deepspeed`` (the Makefile does).
@@ -46,10 +46,10 @@ def patch_accelerate() -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m trainers.cpu_deepspeed SCRIPT.py [args]``: patch, then run ``SCRIPT.py`` as ``__main__``."""
+    """``python -m tests.cpu_deepspeed SCRIPT.py [args]``: patch, then run ``SCRIPT.py`` as ``__main__``."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
-        raise SystemExit("usage: python -m trainers.cpu_deepspeed SCRIPT.py [args ...]")
+        raise SystemExit("usage: python -m tests.cpu_deepspeed SCRIPT.py [args ...]")
     patch_accelerate()
     sys.argv = args
     runpy.run_path(args[0], run_name="__main__")

@@ -124,7 +124,7 @@ def configure_mlflow(experiment: str | None = None) -> str:
     mlflow = _require_mlflow()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # stdout stays for --json
-    from trainers.store import StoreReadOnlyError, check_store_writable, local_store_path, store_lock
+    from trainers.tracking.store import StoreReadOnlyError, check_store_writable, local_store_path, store_lock
 
     uri = tracking_uri()
     check_server(uri)
