@@ -255,7 +255,7 @@ def run(cfg: CreditBenchConfig, *, validate: bool = False) -> dict[str, Any]:
             train_s = time.perf_counter() - t0
             steps_done = trainer.state.global_step
             # free this arm's trainer (AdamW moments, accelerate's references) before the next: kept alive, the 9
-            # arms' trainers took the process to a 20 GB peak (measured, 2026-11-25)
+            # arms' trainers took the process to a 20 GB peak (docs/training.md)
             trainer.accelerator.free_memory()
             del trainer, rollout
             holder.pop("rollout", None)

@@ -1,6 +1,6 @@
 """Rollout throughput on a tool-latency-bound workload: TRL's native ``tools=`` loop vs the toolgym adapter.
 
-Workload A (issue 6: ``--episodes 32 --latency 2``): one GRPO rollout step
+Workload A (``--episodes 32 --latency 2``): one GRPO rollout step
 (``GRPOTrainer._generate_and_score_completions``) of 32 episodes whose ``wait()`` tool takes 2 s a call.
 TRL native = ``GRPOTrainer(tools=[wait])`` (its own tool loop, which runs one sample's tool calls before the next
 sample's: ~32 x 2 s) vs the adapter = ``GRPOTrainer(rollout_func=ToolgymRollout(...))`` in the lock-step and the

@@ -4,7 +4,7 @@
   the results reach the model, mask truth is exact, drift is empty (or, for DeepSeek-V3's template, reported
   at the exact index its re-rendering differs);
 * ``parser="auto"`` picks the family from the chat template, and says which names exist when it cannot tell;
-* outside text never forges a turn (issue 14.9): a tool result, a task prompt, a retrieved passage and a tool
+* outside text never forges a turn: a tool result, a task prompt, a retrieved passage and a tool
   description that spell the family's control tokens reach the model as text tokens, and the drift check holds.
 
 Mask truth is checked against the test's own record of what it sent and received, not against the env's code.

@@ -1,4 +1,4 @@
-"""Fault injection (DESIGN.md invariant 6): a tool that raises anything, blocks, returns what cannot be encoded or
+"""Fault injection (invariant 6 of docs/design.md): a tool that raises anything, blocks, returns what cannot be encoded or
 returns megabytes; an argument the MCP transport cannot encode; an MCP server that dies mid-call or hangs; a sandboxed
 snippet reaching for host IPC, host sockets or memory-backed files. Each fault costs its own call a classified
 error, never another episode's result, the batch, the runtime loop or the process; each case runs in the single
@@ -339,7 +339,7 @@ def test_process_exits_with_a_sync_tool_blocked_forever(tmp_path) -> None:
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "timeout" in out.stdout
-    # it exits (before the fix, interpreter shutdown joined the pool thread sleeping for an hour)
+    # it exits: interpreter shutdown must not join the pool thread sleeping for an hour
     assert time.perf_counter() - t0 < 150
 
 

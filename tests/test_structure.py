@@ -1,4 +1,4 @@
-"""The layout rules of ``DESIGN.md``, checked on the source (``python tests/test_structure.py`` prints every
+"""The layout rules of ``docs/design.md``, checked on the source (``python tests/test_structure.py`` prints every
 violation; the tests fail on any):
 
 1. no Python file in ``toolgym/`` or ``trainers/`` over :data:`MAX_LINES` lines;
@@ -14,7 +14,9 @@ violation; the tests fail on any):
    live in ``toolgym.errors``;
 7. the algorithm contract (``trainers/__init__.py``): every entry of ``trainers.ALGORITHMS`` is a module with a
    ``Config`` dataclass whose fields all carry ``metadata["help"]`` and a ``run`` function taking the config, and
-   reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter).
+   reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter);
+8. shipped text describes the software, not its development diary: no file name or content under
+   :data:`SHIPPED` names a numbered work session or issue, or the current work session (:data:`HISTORY`).
 
 The import graph (rules 1-6) is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot
 be fooled by import-time side effects.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -318,6 +321,49 @@ def contract_violations() -> list[str]:
     return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+#: rule 8: what a user reads (file names and contents); the repository's own text files only.
+SHIPPED = ("README.md", "Makefile", "pyproject.toml", ".gitignore", "docs", "toolgym", "trainers", "benchmarks",
+           "examples", "tests", ".ci")
+#: rule 8: work-diary wording. "session" alone is a protocol word (an MCP or HTTP session) and "round N" an RFT/DPO
+#: round, so only a numbered session or issue, or a work session named by its place ("this", "first" ...), counts.
+HISTORY = re.compile(r"(?<![a-z])(?:sessions?|issues?)[ _-]?#?\d+|\b(?:this|first|second|third|previous|last|next|earlier)\s+session\b", re.IGNORECASE)
+_TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".json", ".jsonl", ".txt", ".html", ".js", ".css", ".cfg",
+                  ".ini", ".sh", ".jinja", ".j2", ""}
+
+
+def shipped_files(root: Path | None = None) -> Iterator[Path]:
+    """The text files under :data:`SHIPPED` (caches and build outputs skipped)."""
+    root = root or ROOT
+    for name in SHIPPED:
+        top = root / name
+        paths = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
+        for path in paths:
+            rel = path.relative_to(root).parts
+            if any(part in {"__pycache__", ".pytest_cache", ".ruff_cache"} or part.endswith(".egg-info")
+                   for part in rel):
+                continue
+            if path.is_file() and path.suffix in _TEXT_SUFFIXES:
+                yield path
+
+
+def history_mentions(root: Path | None = None) -> list[str]:
+    """Rule 8: ``path[:line]: text`` for each work-diary mention in a shipped file's name or content."""
+    root = root or ROOT
+    out = []
+    for path in shipped_files(root):
+        rel = path.relative_to(root).as_posix()
+        if HISTORY.search(rel):
+            out.append(f"{rel}: file name")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if HISTORY.search(line):
+                out.append(f"{rel}:{n}: {line.strip()[:120]}")
+    return out
+
+
 def test_no_file_over_max_lines() -> None:
     assert long_files() == []
 
@@ -346,6 +392,25 @@ def test_every_algorithm_keeps_the_contract() -> None:
     assert contract_violations() == []
 
 
+def test_shipped_text_has_no_work_diary() -> None:
+    assert history_mentions() == []
+
+
+def test_history_check_sees_numbered_sessions_and_issues(tmp_path: Path) -> None:
+    """The wording check finds a numbered session or issue (and the current one) in names and contents, and leaves a
+    protocol session and an RFT round alone."""
+    word = "sess" + "ion"  # spelled apart so that this file passes its own check
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text(f"ok: the MCP {word} restarts\nok: round 2 keeps 87 samples\n"
+                                            f"bad: {word.title()} 10's code\nbad: see iss" + "ue #26\n"
+                                            f"bad: this {word} changed it\nbad: in the first {word}\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / f"test_{word}_3.py").write_text("")
+    found = history_mentions(tmp_path)
+    assert [f.split(": ")[0] for f in found] == ["docs/a.md:3", "docs/a.md:4", "docs/a.md:5", "docs/a.md:6",
+                                                    f"tests/test_{word}_3.py"]
+
+
 def test_checker_sees_violations(tmp_path: Path) -> None:
     """The checker itself finds each kind of violation in a small synthetic tree."""
     a = tmp_path / "pkg" / "a.py"
@@ -372,6 +437,6 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     problems = (long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
-                + layering() + entry_point_imports() + contract_violations())
+                + layering() + entry_point_imports() + contract_violations() + history_mentions())
     print("\n".join(problems) or "structure ok")
     sys.exit(1 if problems else 0)

@@ -1,7 +1,7 @@
 """Rounds that end at a budget of generated tokens, fed from a task pool (``tasks=``): what
 ``benchmarks/algorithms.py`` runs through ``trainers.ALGORITHMS[name].run``. Each ``run`` must stop and train where
-the benchmark's former hand-written loop (collect / sample -> count tokens -> train, ``while tokens < budget``)
-stopped, with the same weights."""
+a plain hand-written loop (collect / sample -> count tokens -> train, ``while tokens < budget``)
+stops, with the same weights."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def _same_weights(a, b) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_sft_masked_rounds_stop_at_the_budget_like_the_old_loop(tok, pool, tmp_path):
+def test_sft_masked_rounds_stop_at_the_budget_like_a_plain_loop(tok, pool, tmp_path):
     per_round, budget = 3, 0
-    # the benchmark's former loop: oracle episodes in rounds of `per_round` pool tasks, one masked-SFT epoch each
+    # the plain loop: oracle episodes in rounds of `per_round` pool tasks, one masked-SFT epoch each
     first, _ = collect(ENV, oracle_policy(), pool[:per_round], seeds=0, num_envs=4,
                        env_kwargs={"split": "train", "tokenizer": tok})
     budget = sum(sum(t.loss_mask) for t in first) + 1  # crossed in round 2: exactly 2 rounds
@@ -94,7 +94,7 @@ def test_rft_rounds_stop_at_the_budget_and_take_the_pool_in_order(tok, pool, tmp
     rft = ALGORITHMS["rft"]
     kw = dict(env_id=ENV, output_dir=str(tmp_path), tasks=2, k=1, temperature=1.0, max_turn_tokens=6, num_envs=4,
               seed=5, env_seed_stride=1000, sft_seed=5, save=False)
-    # the benchmark's former loop, sampling only (a random tiny model solves nothing, so nothing is kept)
+    # the plain loop, sampling only (a random tiny model solves nothing, so nothing is kept)
     model = tiny_random_model(tok, seed=1)
     per_round = []
     for r in range(3):

@@ -1,4 +1,4 @@
-"""The viewer at GRPO scale, with 5,000 episodes of distinct tasks (issue 24): the page size, paging in every
+"""The viewer at GRPO scale, with 5,000 episodes of distinct tasks: the page size, paging in every
 view, ``#open=N`` on a later page and below the sticky header, a side-by-side comparison that fits a 1,400 px
 window, right-aligned numeric headers, the question in the task column, drift counted in the header.
 

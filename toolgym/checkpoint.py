@@ -3,7 +3,7 @@
 A model directory holds weights and a tokenizer; the tokenizer carries the chat template. What it does not carry
 is how the *env* rendered the episodes the model was trained and evaluated on: the system prompt, a chat template
 that overrides the tokenizer's, the per-turn token budget. A checkpoint trained on a short system prompt and
-evaluated with the env's default one can drop from 44% to 0% (measured on ``make demo``'s warm start).
+evaluated with the env's default one renders other prompts than it was trained on, and scores far lower.
 
 :func:`write_run_settings` writes those settings next to the weights as ``toolgym_run.json``; ``toolgym eval`` and
 ``toolgym rollout`` read them with :func:`read_run_settings` when ``--policy`` is a model directory and use them
@@ -57,8 +57,8 @@ def autocast_context(device_type: str, dtype: str | None, model: Any = None) -> 
 
     ``model`` (for generation, entered under ``torch.no_grad()``): its *frozen* float32 weights are cast once per
     context too. Autocast caches the low-precision copy of a weight only when the weight requires grad, so a frozen
-    one (e.g. a tied embedding / LM head left out of training) was cast again at every decoding step: SmolLM2-135M's
-    28M-parameter head, ~20 ms of a ~125 ms step at 16 rows on 2 cores. For the duration they are marked as
+    one (e.g. a tied embedding / LM head left out of training) would be cast again at every decoding step
+    (``docs/training.md`` measures it). For the duration they are marked as
     requiring grad (no graph is built under ``no_grad``); the cast values, and so the tokens, are the same. With
     grad enabled, ``model`` is ignored."""
     if check_autocast(dtype) is None:

@@ -349,8 +349,8 @@ def load_model(
     shared one from :func:`load_tokenizer` (do not mutate it).
 
     CPU note: torch's intra-op threads spin; when several torch processes share few cores, call
-    ``torch.set_num_threads(1)`` in each (measured here: 60 greedy tokens took 13.6 s with 1 thread and 162 s
-    with 2 threads on an oversubscribed 2-core machine).
+    ``torch.set_num_threads(1)`` in each (on an oversubscribed machine, more threads per process is many times
+    slower).
 
     Args:
         name_or_path: ``None`` (embedded), a ``.gguf`` file, or anything ``from_pretrained`` accepts.

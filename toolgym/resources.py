@@ -84,8 +84,8 @@ def trim_heap() -> bool:
     """Hand the free pages of the C heap back to the OS (glibc ``malloc_trim(0)``); ``False`` where there is
     no such call (not Linux/glibc). Cheap (milliseconds), no garbage collection: safe to call after every
     micro-batch. glibc keeps freed blocks inside its heap, and after large frees it raises its mmap threshold so
-    that later large blocks land in the heap too; measured on ``make demo``'s GRPO micro-batches, ~0.65 GB of RSS
-    was such free memory, reused by the next backward only in part."""
+    that later large blocks land in the heap too: between ``make demo``'s GRPO micro-batches much of the resident
+    memory is such free memory, reused by the next backward only in part (``docs/training.md``)."""
     trim = _malloc_trim()
     if trim is None:
         return False

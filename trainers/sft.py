@@ -120,8 +120,7 @@ def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any) -> A
 
     ``ids``, ``attention_mask``, ``target``: ``(B, L)``. The transformer body runs on the whole sequence but the
     LM head only on the targeted positions: with a 49,152-token vocabulary the head over all ~100-300 positions
-    is most of the cost (measured with the benchmark's tiny model on one shared core: TRL's ``SFTTrainer`` ~7 s
-    per batch of 8, this path ~0.3 s). Position ``p`` predicts token ``p + 1``. Needs a model with
+    is most of the cost, which this path avoids. Position ``p`` predicts token ``p + 1``. Needs a model with
     ``.model`` (body) and ``.lm_head`` (Llama/Qwen/Mistral-style causal LMs); others fall back to full logits.
     """
     import torch.nn.functional as F

@@ -1,5 +1,5 @@
-"""Unbounded work on the shared event loop (issue 26, fault 2), run in its own process by tests/test_faults_3.py
-(before the fix a backtracking pattern froze the loop for good). Prints one JSON object: per case the result's
+"""Unbounded work on the shared event loop, run in its own process by tests/test_faults_loop_and_output.py
+(a backtracking pattern must not freeze the loop). Prints one JSON object: per case the result's
 error kind, how long the call took and the longest the loop went without running a 20 ms ticker."""
 
 from __future__ import annotations

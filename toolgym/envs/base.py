@@ -2,7 +2,7 @@
 
 ``reset`` returns the prompt token ids; ``step(action_ids)`` decodes the policy's sampled ids, parses tool calls,
 runs them concurrently through the :class:`~toolgym.tools.executor.ToolExecutor`, and returns the exact tokens to
-append before the next assistant turn (or an empty array when the episode ends). See DESIGN.md.
+append before the next assistant turn (or an empty array when the episode ends). See docs/design.md.
 """
 
 from __future__ import annotations

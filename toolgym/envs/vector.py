@@ -1,7 +1,7 @@
 """ToolVectorEnv: many token-level episodes stepped in one event loop with one shared ToolExecutor.
 
-All tool calls of one vector step run concurrently under the executor's caps: 256 episodes each calling a
-50 ms tool take about 50 ms, not 12.8 s. Episodes end at different turns, so sub-envs can be stepped as a
+All tool calls of one vector step run concurrently under the executor's caps: a step of many episodes that each
+call a slow tool takes about one tool latency, not their sum (``docs/benchmarks.md``). Episodes end at different turns, so sub-envs can be stepped as a
 subset (``None`` actions), and Gymnasium's autoreset modes hold where used.
 
 **Wrappers.** ``env_fn`` may return a wrapped env (``gym.Wrapper``): :meth:`ToolVectorEnv.reset` and

@@ -3,8 +3,8 @@
 transformers' ``DynamicCache`` allocates each layer's keys and values inside the prefill forward, between that
 forward's large transient tensors (hidden states, MLP activations, attention scores of a whole batch), and the
 autocast weight cache is filled there too. glibc cannot hand the holes those transients leave back to the OS, so the
-process's resident memory grew by ~1.4 GB above the model during one prefill of 50 rows x ~130 tokens of
-SmolLM2-135M (measured: ``docs/training.md``, "Memory and time of make demo"). :func:`reserved_cache` runs a
+process's resident memory grows far above the model during one prefill of a large batch (figures in
+``docs/training.md`` and ``docs/benchmarks.md``, "Evaluation memory"). :func:`reserved_cache` runs a
 one-token probe forward first (it fills the autocast weight cache compactly and tells each layer's key/value shape
 and dtype), then allocates every layer's buffers for the whole call (prompt width + ``max_new_tokens``) at once;
 the prefill's transients then come and go above them. Each step writes into the buffers in place, so the decode

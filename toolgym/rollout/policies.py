@@ -63,7 +63,7 @@ class TransformersPolicy:
             global RNG, untouched.
         autocast: a dtype name (``"bfloat16"``, ``"float16"``) to generate under ``torch.autocast`` on the model's
             device: matrix products in that dtype, weights cast once per ``generate()`` call and kept float32
-            (on a CPU with AMX or AVX512-BF16, ``bfloat16`` decodes ~1.5x faster than float32 at 16-50 rows).
+            (on a CPU with AMX or AVX512-BF16, ``bfloat16`` decodes faster than float32: ``docs/training.md``).
             Greedy results then differ from float32 ones: evaluate a checkpoint with the setting it was evaluated
             with (``toolgym_run.json`` carries it). ``None``: the model's own dtype.
         reserve_cache: allocate each ``generate()`` call's key/value cache up front, for the whole call, and

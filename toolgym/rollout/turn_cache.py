@@ -1,9 +1,8 @@
 """Keys and values kept across the turns of an episode, so that a turn prefills only what the env appended.
 
 Every turn of an episode is a new ``generate()`` call whose prompt is the whole episode so far: the first prompt,
-the model's earlier turns and the env's observations. Prefilling it again costs more with every turn: on
-``make demo``'s evaluation (SmolLM2-135M, 2 cores, bfloat16, 50 rows) the second turn's prompt of ~190 tokens took
-~4.5 s to prefill, against ~2 s for its ~18 decoding steps (measured, ``docs/training.md``).
+the model's earlier turns and the env's observations. Prefilling it again costs more with every turn; on a CPU
+a later turn's prefill can cost more than its decoding steps (measured in ``docs/training.md``).
 
 :class:`TurnCache` keeps, after each call, every row's keys and values for the tokens the model has seen (its real
 prompt tokens and the tokens it sampled, up to the first stop id; the last sampled token was never fed back). A later

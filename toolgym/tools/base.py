@@ -1,6 +1,6 @@
 """Core tool types: what a model can call, what a call looks like, and what comes back.
 
-Every tool call a model makes gets exactly one :class:`ToolResult` (DESIGN.md invariant 3): either the
+Every tool call a model makes gets exactly one :class:`ToolResult` (invariant 3 of docs/design.md): either the
 tool's output, or a classified error (:class:`ToolErrorKind`) whose message the model can read.
 """
 
@@ -20,7 +20,7 @@ class Seconds(float):
     """A wall-clock measurement in seconds.
 
     Measurements differ run to run, so two ``Seconds`` always compare equal: infos and trajectories of two runs
-    with the same seed and policy are then equal (DESIGN.md invariant 5 is about behaviour, not timing, and
+    with the same seed and policy are then equal (invariant 5 of docs/design.md is about behaviour, not timing, and
     Gymnasium's ``check_env`` compares step infos). Use ``float(x)`` to compare values.
     """
 

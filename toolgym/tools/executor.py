@@ -51,7 +51,7 @@ def safe_text(text: str) -> str:
 class ToolCache:
     """A cache of successful tool outputs keyed by ``(tool name, canonical JSON arguments)``.
 
-    It doubles as a record/replay log (DESIGN.md invariant 5) when given a JSONL ``path``:
+    It doubles as a record/replay log (invariant 5 of docs/design.md) when given a JSONL ``path``:
 
     * ``ToolCache()`` — in-memory, read and write.
     * ``ToolCache(path, read=False)`` — **record**: run every call, append each output to ``path``.

@@ -2,8 +2,7 @@
 
 toolgym's ChatML tool template (:func:`toolgym.models.chatml_tools_template`) lists every tool as its full JSON
 schema plus a paragraph on the call format: ~250 of the ~290 prompt tokens of a Calculator-v0 episode. On a CPU,
-prefill of those tokens dominates every rollout and evaluation (measured: a 100 x 290-token prefill is ~6x slower
-than 100 x 80 tokens). :func:`compact_tools_template` renders the same conversation with each tool on one line
+prefill of those tokens dominates every rollout and evaluation (``docs/training.md`` measures it). :func:`compact_tools_template` renders the same conversation with each tool on one line
 (``- name(arg, ...): description``) and a one-line call example; everything else (turn framing, ``<tool_call>``
 blocks, ``<tool_response>`` turns) is the ChatML tool template unchanged, so the env's parser and masks work as is.
 

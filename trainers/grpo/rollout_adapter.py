@@ -108,7 +108,7 @@ def _generation_autocast(trainer: Any) -> Iterator[None]:
     thread: this runs in the generating one.
 
     Accelerate runs each *forward* under an autocast context of its own whose weight cache ends with the forward, so
-    each decoding step cast all weights again (measured: no faster than float32 on a CPU); one context around the
+    each decoding step would cast all weights again (then bfloat16 is no faster than float32 on a CPU); one context around the
     call casts them once. The call also runs the forward Accelerate wrapped (:func:`_without_amp_wrapper`): that
     wrapper's context has its weight cache off (:func:`trainers.grpo.no_autocast_weight_cache`), and an inner
     context with the cache off turns it off for the outer one too. The numbers are the same: the same ops in the
@@ -372,8 +372,7 @@ class ToolgymRollout:
         schedule: ``"lockstep"`` (required on several processes) or ``"continuous"`` (one process only).
         trim_heap: hand the C heap's free pages back to the OS after each call's episodes are generated
             (:func:`toolgym.resources.trim_heap`): generation's freed KV caches and activations otherwise stay
-            resident and the training forward that follows grows on top of them (measured in ``make demo``: the
-            first backward of each step peaked ~300 MiB above the others).
+            resident and the training forward that follows grows on top of them (``docs/training.md``).
 
     Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
     (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),

@@ -2,9 +2,9 @@
 
 transformers' ``generate()`` samples each decoding step with ``torch.multinomial(probs, 1)``. On a CPU that call
 draws one exponential variate per vocabulary entry (it is ``argmax(probs / Exp(1))``): for 16 rows of SmolLM2's
-49,152-token vocabulary, 13.7 ms per step on 2 cores (measured), ~15% of a GRPO decoding step of the 135M model
-once its weights are cast once per call. Inverse-CDF sampling (a cumulative sum, one uniform variate per row and a
-binary search) draws from the same distribution in ~0.3 ms.
+49,152-token vocabulary, a noticeable share of a GRPO decoding step of the 135M model. Inverse-CDF sampling (a
+cumulative sum, one uniform variate per row and a binary search) draws from the same distribution at a small
+fraction of that cost (``docs/benchmarks.md`` times both).
 
 :func:`inverse_cdf_sampling` runs one ``generate()`` call that way: the call's own warpers (temperature, top-k,
 top-p, min-p, in transformers' order) and the sampling move into one logits processor, :class:`InverseCDFSampler`,

@@ -49,7 +49,7 @@ COMPLETION_ALIGNED = ("completion_ids", "completion_mask", "tool_mask", "old_per
 
 
 #: widths are cut to a multiple of this many columns: a few distinct shapes, so the allocator reuses its blocks
-#: (on a CPU, a new width every micro-batch fragmented glibc's heap: +150-300 MiB peak RSS in GRPO, measured)
+#: (on a CPU, a new width every micro-batch fragments glibc's heap and raises GRPO's peak RSS: docs/training.md)
 TRIM_MULTIPLE = 64
 
 
@@ -120,10 +120,10 @@ def scored_positions_only() -> Iterator[None]:
     position of the micro-batch, prompt and padding included, "since the number of valid positions would change
     the tile shapes on every batch and trigger a recompilation" (a concern of compiled backends such as Neuron,
     not of a CPU's eager kernels). On a CPU the head's tiles (``tokens x 32,768`` float32 temporaries in its
-    backward) then cover 2-4x the tokens the loss reads: time, and ~0.4 GB of the demo's GRPO peak. This makes
+    backward) then cover 2-4x the tokens the loss reads: time, and much of the demo's GRPO peak. This makes
     TRL's choice (``trl.trainer.utils._use_triton``, read at call time) say yes on a CPU; the gather and scatter it
     then does are plain torch ops. Each scored position's log-probability and hidden-state gradient come from the
-    same row of the same products (measured: identical losses and gradients); only a trained LM head's weight
+    same row of the same products (identical losses and gradients: ``tests/test_grpo_memory.py``); only a trained LM head's weight
     gradient, which TRL accumulates in float32 over the scored rows, sums fewer (all-zero) rows, so it agrees to
     float32 rounding. Other devices keep TRL's decision."""
     import trl.trainer.utils as trl_utils

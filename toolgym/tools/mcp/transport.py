@@ -10,7 +10,7 @@ group, stdin closed then the group terminated on exit) for two faults of its rea
   JSON string arrive as U+FFFD), and whenever the reader ends, for any reason, the read stream is closed: the
   session sees the transport end and toolgym restarts the server;
 * the SDK joined its line buffer with each new chunk (``buffer + chunk``, then ``split``): a one-line result of
-  *n* bytes cost O(n²/chunk) (48 MB took 17.6 s). Here bytes accumulate in one ``bytearray`` and each byte is
+  *n* bytes costs O(n²/chunk). Here bytes accumulate in one ``bytearray`` and each byte is
   scanned for the newline once, so a line costs O(n).
 
 :func:`filter_tool_lists` wraps any transport (stdio or HTTP). The SDK validates a ``tools/list`` result as a

@@ -2,8 +2,8 @@
 
 Every snippet runs in its own process, which runs exactly that one snippet and exits. The processes are forked
 by a **fork server** ("zygote"): one long-lived ``python -I -S`` per :class:`Sandbox` that has imported what a
-worker needs once and never runs user code itself; each fork is a copy of that pristine interpreter (a few ms of
-CPU instead of the ~50 ms of starting and isolating a new interpreter). A warm pool keeps ``pool_size`` workers
+worker needs once and never runs user code itself; each fork is a copy of that pristine interpreter (a fraction of
+the CPU of starting and isolating a new interpreter; ``docs/benchmarks.md``). A warm pool keeps ``pool_size`` workers
 forked, isolated and limited ahead of time, waiting for code on stdin; the pool refills in the background. If
 the fork server dies it is restarted on the next call (calls in flight end as ``sandbox_error``).
 

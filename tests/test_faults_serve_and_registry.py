@@ -1,4 +1,4 @@
-"""Faults of issue 26 in ``toolgym serve model`` and the model registry: a seed beyond 64 bits, a multi-megabyte
+"""Faults in ``toolgym serve model`` and the model registry: a seed beyond 64 bits, a multi-megabyte
 prompt, clients that disconnect mid-generation; concurrent promotions, concurrent commands on a fresh store, a
 read-only store. Real HTTP on 127.0.0.1 and real MLflow stores; every case has a deadline."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_faults_3 import _userns
+from tests.test_faults_loop_and_output import _userns
 from tests.test_registry import _eval, ckpts, sqlite_store  # noqa: F401 - fixtures
 from toolgym.serve.model import ModelServer, load
 

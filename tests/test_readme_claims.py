@@ -1,5 +1,5 @@
-"""What a new user stumbled on in the README and the quickstart (issue 24), checked against the code so that the
-docs cannot drift again: the install instructions (no package-index install, the required model wheel, npm for
+"""What a new user reads first in the README and the quickstart, checked against the code so that the
+docs cannot drift: the install instructions (no package-index install, the required model wheel, npm for
 `make`), the demo's trajectory file names quoted by the docs, and what the README's first training command shows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a new user stumbled on at the command line (issue 24): each case runs the real ``toolgym`` command.
+"""What a new user meets first at the command line: each case runs the real ``toolgym`` command.
 
 * ``rollout --policy oracle`` works as it does for ``eval`` (and refuses an env without an oracle, exit 2);
 * ``--import MODULE`` / ``module:Env-v0`` find a module in the current directory without ``PYTHONPATH=.``;

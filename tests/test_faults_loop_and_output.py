@@ -1,4 +1,4 @@
-"""Faults of issue 26 outside the MCP transport: unbounded work on the shared event loop (a schema pattern that
+"""Faults outside the MCP transport: unbounded work on the shared event loop (a schema pattern that
 backtracks, a slow ``__str__``), deeply nested arguments reaching the JSONL writer, a full disk and non-regular files
 behind ``--out``. Each case has a deadline; a case that could hang the process runs in its own process."""
 
