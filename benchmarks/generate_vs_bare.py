@@ -30,9 +30,8 @@ __all__ = ["main", "measure"]
 
 def _prompts(tok: Any, n: int) -> tuple[list[list[int]], list[int]]:
     """The first-turn prompt ids of ``n`` Calculator-v0 test episodes, and the env's stop ids."""
-    from toolgym.tasks import draw_tasks
-
     from toolgym.envs.registration import make_vector_env
+    from toolgym.evaluation.tasks import draw_tasks
 
     env_id = "toolgym/Calculator-v0"
     tasks = draw_tasks(env_id, n, seed=0, split="test", env_kwargs={"tokenizer": tok})

@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainers.ui.playground import UIError
+from trainers.ui.playground import UIError, safe_name
 
 __all__ = ["CONFIG_DIR", "algorithms", "config_fields", "configs", "display", "eval_argv", "inside", "registry",
            "run_metrics", "runs_table", "toolgym_argv", "train_argv"]
@@ -27,7 +27,6 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """``trainers/configs/``: the shipped configurations the Train page offers."""
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def toolgym_argv(*args: str) -> list[str]:
@@ -55,14 +54,6 @@ def inside(runs: Path, path: str, *, must_exist: bool = True, what: str = "file"
     if must_exist and not p.exists():
         raise UIError(f"{what} {p.relative_to(root)} does not exist in the runs directory")
     return p
-
-
-def safe_name(name: str, what: str = "name") -> str:
-    """A run / model name: letters, digits, ``_.-`` (no path separators)."""
-    name = (name or "").strip()
-    if not _NAME.fullmatch(name) or ".." in name:
-        raise UIError(f"bad {what} {name!r}: letters, digits, '_', '.', '-' (up to 64)")
-    return name
 
 
 # ---------------------------------------------------------------------------------------------------------------

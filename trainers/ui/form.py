@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from trainers.ui.playground import UIError
+from trainers.ui.playground import UIError, safe_name
 
 __all__ = ["SetupStore", "field_kinds", "kind_of"]
 
@@ -104,8 +104,6 @@ class SetupStore:
         self.root = runs / "ui" / "setups"
 
     def _path(self, name: str) -> Path:
-        from trainers.ui.commands import safe_name
-
         return self.root / f"{safe_name(name, 'setup name')}.json"
 
     def names(self) -> list[str]:

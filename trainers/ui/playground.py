@@ -9,16 +9,28 @@ Every failure is a :class:`UIError` with a one-line message for the page; nothin
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REWARD_LIBRARY", "ToolPlayground", "UIError", "score_file"]
+__all__ = ["REWARD_LIBRARY", "ToolPlayground", "UIError", "safe_name", "score_file"]
 
 
 class UIError(ValueError):
     """Bad input or a failure to show on the page as one clear line (HTTP 400)."""
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """A run / model / setup name: letters, digits, ``_.-`` (no path separators)."""
+    name = (name or "").strip()
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise UIError(f"bad {what} {name!r}: letters, digits, '_', '.', '-' (up to 64)")
+    return name
 
 
 class ToolPlayground:
