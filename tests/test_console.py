@@ -43,7 +43,8 @@ def _lines(stderr: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_model_evaluation_prints_no_library_warnings_unless_verbose(tmp_path: Path):
-    env = {k: v for k, v in os.environ.items() if k not in ("TOOLGYM_VERBOSE", "TRANSFORMERS_VERBOSITY")}
+    quiet = ("TOOLGYM_VERBOSE", "TOOLGYM_QUIET_SET", "TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+    env = {k: v for k, v in os.environ.items() if k not in quiet}  # as on a user's terminal
     env["PYTHONPATH"] = str(ROOT)
     cmd = [sys.executable, "-m", "toolgym.cli", "eval", "Calculator-v0", "--policy", "embedded", "--tasks", "2",
            "--max-new-tokens", "8", "--json"]

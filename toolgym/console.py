@@ -19,6 +19,8 @@ __all__ = ["LIBRARY_PACKAGES", "VERBOSE_ENV", "configure", "verbose"]
 
 #: the environment variable that turns verbose output on (inherited by the subprocesses toolgym starts)
 VERBOSE_ENV = "TOOLGYM_VERBOSE"
+#: the environment variables quiet mode set in this process (verbose mode removes them again)
+_QUIET_SET = "TOOLGYM_QUIET_SET"
 #: packages whose own deprecation / future warnings and informational logs quiet mode hides
 LIBRARY_PACKAGES = ("transformers", "trl", "accelerate", "peft", "datasets", "mlflow", "alembic", "huggingface_hub",
                     "torch", "bitsandbytes", "deepspeed", "mcp", "httpx", "uvicorn")
@@ -38,16 +40,23 @@ def configure(verbosity: int | None = None) -> bool:
     """
     if verbosity is not None and verbosity > 0:
         os.environ[VERBOSE_ENV] = "1"
-    if verbose():
+    if verbose():  # the library defaults again, where quiet mode set them in this process's environment
+        for name in filter(None, os.environ.pop(_QUIET_SET, "").split(",")):
+            os.environ.pop(name, None)
         return True
     pattern = r"(" + "|".join(LIBRARY_PACKAGES) + r")(\..*)?$"
     for category in (FutureWarning, DeprecationWarning, PendingDeprecationWarning):
         warnings.filterwarnings("ignore", category=category, module=pattern)
     for name in LIBRARY_PACKAGES:
         logging.getLogger(name).setLevel(logging.ERROR if name in ("transformers", "accelerate") else logging.WARNING)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    quiet_env = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                 "MLFLOW_LOGGING_LEVEL": "WARNING"}
+    ours = set(filter(None, os.environ.get(_QUIET_SET, "").split(",")))
+    for name, value in quiet_env.items():
+        if name not in os.environ:  # a value the user set is theirs
+            os.environ[name] = value
+            ours.add(name)
+    os.environ[_QUIET_SET] = ",".join(sorted(ours))
     tlog = sys.modules.get("transformers.utils.logging")
     if tlog is not None:  # imported already: the environment variables above were read, set it through its API
         tlog.set_verbosity_error()

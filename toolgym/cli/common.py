@@ -36,6 +36,7 @@ __all__ = [
     "parse_env_kwargs",
     "policy_connection",
     "print_error",
+    "print_placement",
     "report_summary",
     "resolve_env_id",
     "trainers_module",
@@ -279,16 +280,23 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def place_model(model: Any, device: str | None) -> Any:
-    """``model`` on ``--device`` (:func:`toolgym.placement.place`), its placement printed to stderr
-    ("model on cuda:0, bfloat16"); :class:`CLIError` (usage) for a device this machine does not have."""
+    """``model`` on ``--device`` (:func:`toolgym.placement.place`); :class:`CLIError` (usage) for a device this
+    machine does not have. The commands state the placement ("model on cuda:0, bfloat16") once their env is
+    built (:func:`print_placement`)."""
     from toolgym.placement import DeviceError, place
 
     try:
-        model, text = place(model, device)
+        model, _ = place(model, device)
     except DeviceError as e:
         raise CLIError(str(e), ExitCode.USAGE) from None
-    print(text, file=sys.stderr)
     return model
+
+
+def print_placement(args: argparse.Namespace) -> None:
+    """Say on stderr where a local model policy runs ("toolgym: model on cuda:0, bfloat16"); nothing for the oracle
+    or a server."""
+    if getattr(args, "placement", None):
+        print(f"toolgym: {args.placement}", file=sys.stderr)
 
 
 def add_ui_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ from toolgym.cli.common import (
     nonnegative_float,
     parse_env_kwargs,
     policy_connection,
+    print_placement,
     report_summary,
     resolve_env_id,
 )
@@ -145,6 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         venv = make_vector_env(env_id, args.num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
         raise env_construction_error(env_id, e) from None
+    print_placement(args)
     try:
         require_oracle(name, env_id, venv)
         try:

@@ -58,6 +58,7 @@ from toolgym.cli.common import (
     parse_env_kwargs,
     policy_connection,
     print_error,
+    print_placement,
     report_summary,
     resolve_env_id,
     trainers_module,
@@ -182,6 +183,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         venv = make_vector_env(env_id, num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
         raise env_construction_error(env_id, e) from None
+    print_placement(args)
     try:
         require_oracle(args.policy, env_id, venv)
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
