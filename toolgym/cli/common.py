@@ -281,8 +281,8 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def place_model(model: Any, device: str | None) -> Any:
     """``model`` on ``--device`` (:func:`toolgym.placement.place`); :class:`CLIError` (usage) for a device this
-    machine does not have. The commands state the placement ("model on cuda:0, bfloat16") once their env is
-    built (:func:`print_placement`)."""
+    machine does not have. The commands state the placement ("model on cuda:0, bfloat16") with their results
+    (:func:`print_placement`)."""
     from toolgym.placement import DeviceError, place
 
     try:

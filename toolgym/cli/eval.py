@@ -146,7 +146,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         venv = make_vector_env(env_id, args.num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified below into one line with its exit code
         raise env_construction_error(env_id, e) from None
-    print_placement(args)
     try:
         require_oracle(name, env_id, venv)
         try:
@@ -162,6 +161,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise CLIError(str(e), ExitCode.USAGE) from None
     finally:
         venv.close()
+    print_placement(args)  # after the run: a usage or input error stays the only line on stderr
     report.env_id = env_id
     table, data = report.format_table(), report.to_dict()
     if getattr(args, "placement", None):  # local model policies: "model on cuda:0, bfloat16"

@@ -183,7 +183,6 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         venv = make_vector_env(env_id, num_envs, env_kwargs)
     except Exception as e:  # noqa: BLE001 - classified into one line with its exit code
         raise env_construction_error(env_id, e) from None
-    print_placement(args)
     try:
         require_oracle(args.policy, env_id, venv)
         driver = RolloutDriver(venv, policy, schedule=args.schedule, max_turn_tokens=args.max_new_tokens)
@@ -195,6 +194,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         stats = driver.stats.to_dict()
     finally:
         venv.close()
+    print_placement(args)  # after the run: a usage or input error stays the only line on stderr
     # with --json, stdout carries the JSON object alone; the human summary goes to stderr
     human = sys.stderr if args.json else sys.stdout
     print(f"{env_id}: {len(trajs)} episodes -> {out}", file=human)
