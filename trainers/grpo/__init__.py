@@ -141,7 +141,7 @@ def build_trainer(
         trajectory_dir=config.trajectory_dir, schedule=config.schedule, trim_heap=config.trim_heap,
     )
     if config.trim_heap:
-        from trainers.grpo.memory import TrimHeapCallback
+        from trainers.grpo.efficiency import TrimHeapCallback
 
         callbacks = [*callbacks, TrimHeapCallback()]
     trainer = trainer_class(config)(
