@@ -143,7 +143,7 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
 
     import torch
 
-    import trainers.grpo.rollout_adapter as rf
+    import trainers.grpo.generation as rf
     from toolgym.rollout import GenerationRequest
     from trainers.grpo import no_autocast_weight_cache
 
@@ -267,7 +267,7 @@ def test_grpo_generation_runs_on_a_reserved_cache_with_the_same_tokens(tmp_path,
 
     import torch
 
-    import trainers.grpo.rollout_adapter as rf
+    import trainers.grpo.generation as rf
     from toolgym.rollout import GenerationRequest
 
     trainer, rollout, model, tok = _tiny_grpo(tmp_path, task_seed=7, max_turn_tokens=12, bf16=bf16,
