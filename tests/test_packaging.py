@@ -95,7 +95,7 @@ def test_installed_wheel_runs_train_and_ui_through_its_entry_points(wheel: Path,
     checkout, and answers ``toolgym ui --help``."""
     names = set(zipfile.ZipFile(wheel).namelist())
     entries = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
-    assert "[toolgym.commands]\n" in entries and "train = trainers.cli:main [train]" in entries
+    assert "[toolgym.commands]\n" in entries and "train = trainers.cli:main" in entries
     assert "[toolgym.report_to]\n" in entries and "[toolgym.policies]\n" in entries
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

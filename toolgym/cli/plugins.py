@@ -3,16 +3,16 @@
 The core never imports the training package (not even by a module-name string): the package declares what it
 provides in its ``pyproject.toml`` and the core finds it with :func:`importlib.metadata.entry_points`. Groups:
 
-* ``toolgym.commands`` -- a subcommand: ``NAME = "module:main [extra]"``, ``main(argv: list[str]) -> int`` parses
+* ``toolgym.commands`` -- a subcommand: ``NAME = "module:main"``, ``main(argv: list[str]) -> int`` parses
   everything after ``toolgym NAME`` (``train``, ``registry``, ``ui``);
-* ``toolgym.report_to`` -- a ``--report-to`` backend: ``NAME = "module [extra]"``, the module has
+* ``toolgym.report_to`` -- a ``--report-to`` backend: ``NAME = "module:object"``, the object has
   ``check_report_backends(names) -> list[str]`` and ``report_summary(backends, *, kind, run_name, metrics, params,
   artifacts, documents) -> {backend: where}`` (``mlflow``, ``tensorboard``, ``wandb``, ``trackio``);
-* ``toolgym.policies`` -- a ``--policy SCHEME:/...`` URI scheme: ``SCHEME = "module:resolve [extra]"``,
+* ``toolgym.policies`` -- a ``--policy SCHEME:/...`` URI scheme: ``SCHEME = "module:resolve"``,
   ``resolve(uri) -> path`` gives the local model directory (``models:/NAME/VERSION``, the model registry).
 
-The ``[extra]`` of an entry point names the optional dependencies it needs: when loading it fails on a missing
-module, the error says which extra to install.
+When loading an entry point fails on a missing module, the error names the extra to install: the entry point's
+own ``[extra]`` if it declares one, else toolgym's extra for that name (:data:`EXTRAS`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
 
-__all__ = ["COMMANDS", "POLICIES", "REPORT_TO", "load", "names"]
+__all__ = ["COMMANDS", "EXTRAS", "POLICIES", "REPORT_TO", "load", "names"]
 
 COMMANDS = "toolgym.commands"
 REPORT_TO = "toolgym.report_to"
 POLICIES = "toolgym.policies"
 
-#: the extra that provides each entry point of toolgym's own wheel, for the message when none is installed at all
-_DEFAULT_EXTRA = {COMMANDS: "train", REPORT_TO: "registry", POLICIES: "registry"}
+#: (group, name) -> the toolgym extra whose dependencies that entry point needs (for the error message)
+EXTRAS = {(COMMANDS, "train"): "train", (COMMANDS, "registry"): "registry", (COMMANDS, "ui"): "ui",
+          (REPORT_TO, "mlflow"): "registry", (REPORT_TO, "wandb"): "wandb", (REPORT_TO, "trackio"): "trackio",
+          (REPORT_TO, "tensorboard"): "dev", (POLICIES, "models"): "registry"}
 
 
 def _entry_point(group: str, name: str) -> EntryPoint | None:
@@ -57,12 +59,12 @@ def load(group: str, name: str, *, what: str, code: ExitCode = ExitCode.USAGE) -
     """
     ep = _entry_point(group, name)
     if ep is None:
-        extra = _DEFAULT_EXTRA.get(group, name)
+        extra = EXTRAS.get((group, name), "train")
         raise CLIError(f"{what} is not installed (no {group!r} entry point named {name!r}): "
                        f"pip install 'toolgym[{extra}]'", code)
     try:
         return ep.load()
     except ModuleNotFoundError as e:
-        extra = ",".join(ep.extras) or _DEFAULT_EXTRA.get(group, name)
+        extra = ",".join(ep.extras) or EXTRAS.get((group, name), "train")
         raise CLIError(f"{what} needs the [{extra}] extra (missing module {e.name!r}): pip install "
                        f"'toolgym[{extra}]'", code) from None
