@@ -52,10 +52,10 @@ def _turn_off(compare: str) -> None:
         sampling.sampling_warpers = lambda config: None  # every call goes to transformers' multinomial
     elif compare == "frozen_cast":
         import toolgym.checkpoint as checkpoint
-        import trainers.grpo.rollout_adapter as rollout_func
+        import trainers.grpo.generation as generation
 
         own = checkpoint.autocast_context
-        rollout_func.autocast_context = lambda device_type, dtype, model=None: own(device_type, dtype)
+        generation.autocast_context = lambda device_type, dtype, model=None: own(device_type, dtype)
 
 
 def child(checkpoint: str | None, steps: int, on: bool, compare: str = "scored_positions") -> dict[str, Any]:

@@ -127,7 +127,7 @@ def test_grpo_run_hands_the_model_back_with_its_own_forward(tmp_path, tasks):
 def test_stop_ids_reach_vllm_generation_kwargs(tmp_path, tasks):
     """vLLM path (server and colocate read ``vllm_generation.generation_kwargs``): the stop ids are set for the
     call and the trainer's own kwargs are restored after it."""
-    from trainers.grpo.rollout_adapter import _turn_budget
+    from trainers.grpo.generation import _turn_budget
 
     trainer, _ = _build(tmp_path, tasks)
 

@@ -89,7 +89,7 @@ def test_generation_runs_on_merged_adapters_and_unmerges_after(tmp_path, tasks):
 
     from toolgym.rollout import GenerationRequest
     from trainers.grpo import Config, build_trainer
-    from trainers.grpo.rollout_adapter import TRLPolicy, _merged_adapters
+    from trainers.grpo.generation import TRLPolicy, _merged_adapters
 
     model, tok = _tiny()
     config = Config(max_turn_tokens=8, save_model=False, lora=LORA, trl=_trl(tmp_path, temperature=1.0))

@@ -143,7 +143,7 @@ def test_bf16_training_forward_keeps_no_weight_copies_and_generation_is_unchange
 
     import torch
 
-    import trainers.grpo.rollout_adapter as rf
+    import trainers.grpo.generation as rf
     from toolgym.rollout import GenerationRequest
     from trainers.grpo import no_autocast_weight_cache
 
@@ -198,7 +198,7 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
     import torch
 
     import toolgym.resources
-    import trainers.grpo.memory
+    import trainers.grpo.efficiency
     import trainers.grpo.rollout_adapter as rf
 
     events: list[str] = []
@@ -208,7 +208,7 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
         return toolgym.resources.trim_heap()
 
     monkeypatch.setattr(rf, "trim_heap", spy)
-    monkeypatch.setattr(trainers.grpo.memory, "trim_heap", spy)
+    monkeypatch.setattr(trainers.grpo.efficiency, "trim_heap", spy)
     # the random model earns no reward: every micro-batch would be skipped (trainers.grpo.zero_advantage) without
     # skip_zero_advantage=False, and this test needs their forwards
     trainer, rollout, model, _ = _tiny_grpo(tmp_path, task_seed=5, max_turn_tokens=8, trim_heap=trim,
@@ -216,7 +216,7 @@ def test_trim_heap_hands_generation_memory_back_before_the_training_forward(tmp_
     model.register_forward_pre_hook(lambda *a: events.append("train" if torch.is_grad_enabled() else "generate"))
     try:
         assert rollout.trim_heap is trim
-        assert any(isinstance(c, trainers.grpo.memory.TrimHeapCallback) for c in trainer.callback_handler.callbacks) is trim
+        assert any(isinstance(c, trainers.grpo.efficiency.TrimHeapCallback) for c in trainer.callback_handler.callbacks) is trim
         trainer.train()
     finally:
         rollout.close()
@@ -267,7 +267,7 @@ def test_grpo_generation_runs_on_a_reserved_cache_with_the_same_tokens(tmp_path,
 
     import torch
 
-    import trainers.grpo.rollout_adapter as rf
+    import trainers.grpo.generation as rf
     from toolgym.rollout import GenerationRequest
 
     trainer, rollout, model, tok = _tiny_grpo(tmp_path, task_seed=7, max_turn_tokens=12, bf16=bf16,

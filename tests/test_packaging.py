@@ -171,3 +171,42 @@ def test_installed_wheel_trains_by_config_name_and_benchmarks_the_users_tools(wh
     # a call naming no tool of the server is a usage error that names the server's tools
     proc = run("bench", "mcp", "--config", "mcp.json", "--call", 'nope={}', "--calls", "2")
     assert proc.returncode == 2 and "reverse" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_installed_wheel_runs_train_and_ui_through_its_entry_points(wheel: Path, tmp_path: Path):
+    """The core finds ``train``/``registry``/``ui`` through the wheel's ``toolgym.commands`` entry points: the
+    installed console script trains one GRPO step from the config file shipped inside the wheel, outside the
+    checkout, and answers ``toolgym ui --help``."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    entries = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "[toolgym.commands]\n" in entries and "train = trainers.cli:main" in entries
+    assert "[toolgym.report_to]\n" in entries and "[toolgym.policies]\n" in entries
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target),
+           "OMP_NUM_THREADS": "1"}
+    toolgym = str(target / "bin" / "toolgym")
+
+    def run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([toolgym, *args], capture_output=True, text=True, cwd=work, timeout=timeout, env=env)
+
+    proc = run("train", "--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "grpo" in proc.stdout and "reward_model" in proc.stdout
+    proc = run("ui", "--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--port" in proc.stdout and "--runs" in proc.stdout
+    config = target / "trainers" / "configs" / "grpo_calculator_cpu.yaml"
+    out = work / "grpo-1"
+    proc = run("train", "grpo", "--config", str(config), "--max_steps", "1", "--toolgym.model", "tiny",
+               "--toolgym.num_train_tasks", "2", "--toolgym.max_turn_tokens", "8", "--toolgym.threads", "1",
+               "--per_device_train_batch_size", "2", "--num_generations", "2", "--max_completion_length", "16",
+               "--toolgym.trajectory_dir", str(out / "trajectories"), "--output_dir", str(out), timeout=540)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file(), sorted(p.name for p in out.iterdir())
+    assert list((out / "trajectories").glob("*.jsonl"))

@@ -17,6 +17,13 @@ violation; the tests fail on any):
    reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter);
 8. shipped text describes the software, not its development diary: no file name or content under
    :data:`SHIPPED` names a numbered work session or issue, or the current work session (:data:`HISTORY`).
+9. ``toolgym`` does not reach ``trainers`` by a module-name string either: no ``import_module``/``__import__``/
+   ``find_spec``/``run_module`` of a ``"trainers..."`` string and no string that is a dotted path into ``trainers``
+   (the core finds the training package's commands through entry points, ``toolgym/cli/plugins.py``);
+10. ``trainers/`` is in wings: its top level holds only :data:`TRAINERS_TOP` (the algorithm contract, the shared
+   plumbing, the single-module algorithms and the shared credit estimators) and the packages
+   :data:`TRAINERS_WINGS`; the modules inside an algorithm's package (``trainers/grpo/*``, ``trainers/dpo/*``) are
+   imported only from inside that package (everything else goes through the package: ``Config``, ``run``).
 
 The import graph (rules 1-6) is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot
 be fooled by import-time side effects.
@@ -35,6 +42,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("toolgym", "trainers")
 MAX_LINES = 600
+
+#: rule 9: the modules allowed at the top level of ``trainers/`` (a new algorithm-internal module goes in its wing)
+TRAINERS_TOP = frozenset({"__init__", "cli", "runconfig", "contract", "credit", "sft", "rft", "reward_model"})
+#: rule 9: the packages of ``trainers/``
+TRAINERS_WINGS = frozenset({"grpo", "dpo", "tracking", "demo", "ui", "verl"})
+#: rule 9: the wings whose modules are private to the package (algorithms: the outside sees ``Config`` and ``run``)
+ALGORITHM_WINGS = ("trainers.grpo", "trainers.dpo")
+#: rule 8: calls that import a module named by a string
+IMPORT_CALLS = frozenset({"import_module", "__import__", "find_spec", "run_module", "import_train"})
 
 #: rule 5: (importer prefix, forbidden outside packages).
 FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm", "mlflow", "deepspeed")),)
@@ -307,6 +323,66 @@ print(json.dumps(out))
 """
 
 
+def _docstrings(tree: ast.Module) -> set[int]:
+    """``id`` of every docstring constant of ``tree`` (module, class, function)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _names_trainers(text: str) -> bool:
+    import re
+
+    return re.fullmatch(r"trainers(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?", text.strip()) is not None
+
+
+def dynamic_trainers_imports(files: dict[str, Path] | None = None, package: str = "toolgym") -> list[str]:
+    """Rule 8: module-name strings through which ``package`` could import ``trainers``."""
+    files = files if files is not None else modules()
+    out = []
+    for mod, path in files.items():
+        if mod != package and not mod.startswith(package + "."):
+            continue
+        tree, _ = _parse(path, path.stat().st_mtime_ns)
+        docs = _docstrings(tree)
+        where = path.relative_to(ROOT)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                fn = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                arg = node.args[0] if node.args else None
+                text = ast.unparse(arg) if arg is not None else ""
+                if fn in IMPORT_CALLS and "trainers" in text:
+                    out.append(f"{where}:{node.lineno}: {fn}({text}) imports trainers by name")
+            elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                  and _names_trainers(node.value)):
+                out.append(f"{where}:{node.lineno}: the string {node.value!r} names a module of trainers")
+    return sorted(set(out))
+
+
+def wing_violations(files: dict[str, Path] | None = None) -> list[str]:
+    """Rule 9: flat modules at the top of ``trainers/`` and imports of an algorithm's internals from outside."""
+    files = files if files is not None else modules()
+    out = []
+    root = ROOT / "trainers"
+    for p in sorted(root.iterdir()):
+        if p.suffix == ".py" and p.stem not in TRAINERS_TOP:
+            out.append(f"{p.relative_to(ROOT)}: a module at the top of trainers/ (put it in its wing, e.g. "
+                       "trainers/grpo/, or add it to TRAINERS_TOP with a reason)")
+        elif p.is_dir() and (p / "__init__.py").exists() and p.name not in TRAINERS_WINGS:
+            out.append(f"{p.relative_to(ROOT)}/: a package of trainers/ not in TRAINERS_WINGS")
+    for imp in imports(files):
+        for wing in ALGORITHM_WINGS:
+            inside = imp.source == wing or imp.source.startswith(wing + ".")
+            if imp.target.startswith(wing + ".") and not inside:
+                out.append(f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports {imp.target}, "
+                           f"an internal module of {wing} (import {wing} instead)")
+    return sorted(set(out))
+
+
 def contract_violations() -> list[str]:
     """Rule 7, checked in a fresh interpreter (the modules are imported: this is the one rule that does)."""
     import json
@@ -362,6 +438,14 @@ def history_mentions(root: Path | None = None) -> list[str]:
             if HISTORY.search(line):
                 out.append(f"{rel}:{n}: {line.strip()[:120]}")
     return out
+
+
+def test_the_core_names_no_trainers_module() -> None:
+    assert dynamic_trainers_imports() == []
+
+
+def test_trainers_is_in_wings() -> None:
+    assert wing_violations() == []
 
 
 def test_no_file_over_max_lines() -> None:
@@ -435,8 +519,39 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
         ROOT = old
 
 
+def test_checker_sees_dynamic_imports_and_broken_wings(tmp_path: Path) -> None:
+    """Rules 8 and 9 on a synthetic tree: module-name strings into trainers, a flat module, a reach into a wing."""
+    core = tmp_path / "toolgym" / "c.py"
+    core.parent.mkdir()
+    (core.parent / "__init__.py").write_text('"""trainers.cli in a docstring is prose."""\n')
+    core.write_text('import importlib\nNAME = "trainers.tracking.registry"\n'
+                    'def f(x):\n    importlib.import_module("trainers." + x)\n    __import__(f"trainers.{x}")\n'
+                    '    return "see trainers.ALGORITHMS in the docs"\n')
+    wing = tmp_path / "trainers" / "grpo"
+    wing.mkdir(parents=True)
+    for p in (tmp_path / "trainers" / "__init__.py", wing / "__init__.py", wing / "inner.py"):
+        p.write_text("")
+    flat = tmp_path / "trainers" / "rollout_helpers.py"
+    flat.write_text("from trainers.grpo.inner import x\nfrom trainers.grpo import Config\n")
+    files = {"toolgym": core.parent / "__init__.py", "toolgym.c": core, "trainers": tmp_path / "trainers" / "__init__.py",
+             "trainers.grpo": wing / "__init__.py", "trainers.grpo.inner": wing / "inner.py",
+             "trainers.rollout_helpers": flat}
+    global ROOT
+    old, ROOT = ROOT, tmp_path
+    try:
+        found = dynamic_trainers_imports(files)
+        assert [ln.split(":")[1] for ln in found] == ["2", "4", "5"], found
+        broken = wing_violations(files)
+        assert len(broken) == 2, broken
+        assert any("rollout_helpers.py: a module at the top" in b for b in broken)
+        assert any(":1: trainers.rollout_helpers imports trainers.grpo.inner" in b for b in broken)
+    finally:
+        ROOT = old
+
+
 if __name__ == "__main__":
     problems = (long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
-                + layering() + entry_point_imports() + contract_violations() + history_mentions())
+                + layering() + entry_point_imports() + dynamic_trainers_imports() + wing_violations()
+                + contract_violations() + history_mentions())
     print("\n".join(problems) or "structure ok")
     sys.exit(1 if problems else 0)

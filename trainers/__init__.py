@@ -42,7 +42,7 @@ MOVED_MODULES = {
     "trainers.compact": "trainers.demo.compact_prompt",
     "trainers.dpo_trainer": "trainers.dpo.trainer",
     "trainers.is_metrics": "trainers.grpo.importance_sampling_metrics",
-    "trainers.memory": "trainers.grpo.memory",
+    "trainers.memory": "trainers.grpo.efficiency",
     "trainers.pairs": "trainers.dpo.pairs",
     "trainers.preflight": "trainers.grpo.preflight",
     "trainers.promotion": "trainers.tracking.promotion",

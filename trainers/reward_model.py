@@ -84,7 +84,7 @@ def reward_pairs(
     pair. Within a task: :func:`trainers.dpo.make_pairs` with ``pairs_per_task``. ``max_pairs`` caps the total.
     """
     if within_task:
-        from trainers.dpo.pairs import make_pairs
+        from trainers.dpo import make_pairs
 
         rows = [{"chosen_ids": p["prompt_ids"] + p["chosen_ids"], "rejected_ids": p["prompt_ids"] + p["rejected_ids"],
                  "chosen_reward": p["chosen_reward"], "rejected_reward": p["rejected_reward"]}

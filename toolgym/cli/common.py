@@ -37,9 +37,9 @@ __all__ = [
     "policy_connection",
     "print_error",
     "print_placement",
+    "report_backends",
     "report_summary",
     "resolve_env_id",
-    "trainers_module",
 ]
 
 
@@ -162,15 +162,28 @@ def policy_connection(policy: str) -> Iterator[None]:
         raise
 
 
-def trainers_module(name: str) -> Any:
-    """Import ``trainers.<x>`` lazily (registry, tracking): the core never imports it at module level."""
-    import importlib
+def report_backends(names: Sequence[str]) -> list[tuple[Any, list[str]]]:
+    """``(module, names)`` per module providing the ``--report-to`` backends ``names`` (comma lists allowed), found
+    through the ``toolgym.report_to`` entry points (:mod:`toolgym.cli.plugins`).
 
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise CLIError(f"{name} is not available ({e}); install toolgym[train,registry] from a checkout",
-                       ExitCode.USAGE) from None
+    Raises:
+        CLIError (usage): a name no installed package provides (the message lists those that are), or a backend
+            whose extra is not installed.
+    """
+    from toolgym.cli import plugins
+
+    known = plugins.names(plugins.REPORT_TO)
+    out: dict[int, tuple[Any, list[str]]] = {}
+    for raw in names:
+        for name in (n.strip().lower() for n in raw.split(",")):
+            if not name:
+                continue
+            if name not in known:
+                choices = ", ".join(known) or "none installed (pip install 'toolgym[registry]')"
+                raise CLIError(f"--report-to {name!r}: choose from {choices}", ExitCode.USAGE)
+            module = plugins.load(plugins.REPORT_TO, name, what=f"--report-to {name}")
+            out.setdefault(id(module), (module, []))[1].append(name)
+    return list(out.values())
 
 
 def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any], *, params: dict[str, Any],
@@ -179,11 +192,12 @@ def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any],
     backends = getattr(args, "report_to_checked", None)
     if not backends:
         return
-    tracking = trainers_module("trainers.tracking")
     policy = str(params.get("policy", ""))
     name = f"{kind} {params.get('env_id', '')} {policy if ':/' in policy else Path(policy).name}".strip()
-    where = tracking.report_summary(backends, kind=kind, run_name=name, metrics=summary, params=params,
-                                    artifacts=artifacts, documents=documents)
+    where: dict[str, str] = {}
+    for module, names in report_backends(backends):
+        where.update(module.report_summary(names, kind=kind, run_name=name, metrics=summary, params=params,
+                                           artifacts=artifacts, documents=documents))
     for backend, loc in where.items():
         print(f"reported to {backend}: {loc}", file=sys.stderr)
 
@@ -191,7 +205,8 @@ def report_summary(args: argparse.Namespace, kind: str, summary: dict[str, Any],
 def check_report_to(args: argparse.Namespace) -> None:
     """Validate ``--report-to`` before any work (exit 2 unknown/not installed, 4 MLflow server unreachable)."""
     if getattr(args, "report_to", None):
-        args.report_to_checked = trainers_module("trainers.tracking").check_report_backends(args.report_to)
+        args.report_to_checked = [name for module, names in report_backends(args.report_to)
+                                  for name in module.check_report_backends(names)]
 
 
 def import_user_module(name: str) -> None:
@@ -247,8 +262,14 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
         from toolgym.evaluation import oracle_policy
 
         return oracle_policy(), None
-    if spec.startswith("models:/"):  # the registry ([registry] extra), imported only for these URIs
-        spec = str(trainers_module("trainers.tracking.registry").resolve_model_uri(spec))
+    if ":/" in spec and not spec.startswith(("http://", "https://")):
+        # a model URI such as models:/NAME/VERSION (the registry): resolved by its `toolgym.policies` entry point
+        from toolgym.cli import plugins
+
+        scheme = spec.split(":/", 1)[0]
+        if scheme in plugins.names(plugins.POLICIES):
+            resolve = plugins.load(plugins.POLICIES, scheme, what=f"--policy {scheme}:/...")
+            spec = str(resolve(spec))
     if spec.startswith(("http://", "https://")):
         check_reachable(spec)
         tok = load_tokenizer_arg(args.tokenizer)

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.cli import plugins
 from toolgym.cli.bench import BENCHMARKS, SERVERS, run_benchmark, run_server, summary_line
 from toolgym.cli.bench import add_parsers as add_bench_parsers
 from toolgym.cli.common import (
@@ -61,7 +62,6 @@ from toolgym.cli.common import (
     print_placement,
     report_summary,
     resolve_env_id,
-    trainers_module,
 )
 from toolgym.cli.eval import add_parser as add_eval_parser
 from toolgym.cli.eval import add_run_args, require_oracle
@@ -272,23 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_train(argv: list[str]) -> int:
-    """``toolgym train ...``: hand ``argv`` to ``trainers.cli.main``, imported here so the core never imports
-    ``trainers`` at module level; a missing ``[train]`` extra is a one-line error (exit 3)."""
-    import importlib
-
-    try:
-        trainers_cli = importlib.import_module("trainers.cli")
-    except ModuleNotFoundError as e:
-        raise CLIError(f"`toolgym train` needs the [train] extra (missing module {e.name!r}): "
-                       "pip install 'toolgym[train]'", ExitCode.INPUT) from None
-    return int(trainers_cli.main(argv))
+    """``toolgym train ...``: hand ``argv`` to the ``train`` command of the training package (the
+    ``toolgym.commands`` entry point, :mod:`toolgym.cli.plugins`); a missing ``[train]`` extra is a one-line error
+    (exit 3)."""
+    return int(plugins.load(plugins.COMMANDS, "train", what="`toolgym train`", code=ExitCode.INPUT)(argv))
 
 
 def _dispatch(argv: list[str]) -> int:
-    if argv[:1] == ["registry"]:  # trainers/tracking/registry.py owns its arguments
-        return int(trainers_module("trainers.tracking.registry").main(argv[1:]))
-    if argv[:1] == ["ui"]:  # trainers/ui owns its arguments
-        return int(trainers_module("trainers.ui").main(argv[1:]))
+    if argv[:1] in (["registry"], ["ui"]):  # the command (an entry point of the training package) owns its arguments
+        return int(plugins.load(plugins.COMMANDS, argv[0], what=f"`toolgym {argv[0]}`")(argv[1:]))
     # bench/serve: everything after NAME belongs to the script/server (its own --help included).
     if len(argv) >= 2 and argv[0] in ("bench", "serve") and not argv[1].startswith("-"):
         table = BENCHMARKS if argv[0] == "bench" else SERVERS

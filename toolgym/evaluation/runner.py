@@ -42,8 +42,8 @@ from toolgym.envs.registration import import_env_id, make_vector_env
 from toolgym.evaluation.tasks import (
     TaskFileError,
     TaskSelectionError,
-    _base_env,
-    _check_unique,
+    base_env,
+    check_unique,
     select_tasks,
     task_id,
 )
@@ -167,7 +167,7 @@ def has_oracle(env: Any) -> bool:
     other than :meth:`ToolEnv.oracle`, the default that only raises ``NotImplementedError``."""
     from toolgym.envs.base import ToolEnv
 
-    base = _base_env(env)
+    base = base_env(env)
     return callable(getattr(base, "oracle", None)) and getattr(type(base), "oracle", None) is not ToolEnv.oracle
 
 
@@ -181,7 +181,7 @@ def oracle_policy(env: Any = None) -> Any:
     from toolgym.rollout import EpisodeState, ScriptedPolicy
 
     if env is not None and not has_oracle(env):
-        raise ValueError(f"env {type(_base_env(env)).__name__} has no oracle: define `oracle(self, state) -> str` "
+        raise ValueError(f"env {type(base_env(env)).__name__} has no oracle: define `oracle(self, state) -> str` "
                          "on the env class to use --policy oracle")
 
     def script(state: EpisodeState) -> str:
@@ -334,7 +334,7 @@ def evaluate(
         if split is not None:
             kw["split"] = split
         owned = venv = make_vector_env(venv, num_envs, kw)
-    base = _base_env(venv)
+    base = base_env(venv)
     env_id = getattr(getattr(venv, "spec", None), "id", None) or getattr(getattr(base, "spec", None), "id", None)
     env_id = env_id or (env_id_or_vector_env if isinstance(env_id_or_vector_env, str) else type(base).__name__)
     try:
@@ -342,7 +342,7 @@ def evaluate(
             rows = select_tasks(venv, tasks=tasks, seed=seed, split=split)
         else:
             rows = [dict(r) for r in tasks]
-            _check_unique(rows, "tasks")
+            check_unique(rows, "tasks")
         if isinstance(policy, str):
             if policy != "oracle":
                 raise ValueError(f"policy must be a Policy or 'oracle', got {policy!r}")

@@ -33,7 +33,8 @@ from toolgym.errors import InputFileError
 T = TypeVar("T")
 
 __all__ = [
-    "TaskFileError", "TaskSelectionError", "draw_tasks", "import_env_id", "round_tasks", "select_tasks", "task_id",
+    "TaskFileError", "TaskSelectionError", "base_env", "check_unique", "draw_tasks", "import_env_id", "round_tasks",
+    "select_tasks", "task_id",
 ]
 
 
@@ -53,7 +54,7 @@ def task_id(row: Mapping[str, Any]) -> str:
     return "task-" + hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _base_env(env: Any) -> Any:
+def base_env(env: Any) -> Any:
     """The ToolEnv behind ``env`` (a ToolEnv, a wrapped env, or a vector env's first sub-env)."""
     envs = getattr(env, "envs", None)
     if envs:
@@ -75,7 +76,9 @@ def _read_task_file(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _check_unique(rows: Sequence[Mapping[str, Any]], where: str, error: type[Exception] = TaskSelectionError) -> None:
+def check_unique(rows: Sequence[Mapping[str, Any]], where: str, error: type[Exception] = TaskSelectionError) -> None:
+    """Raise ``error`` naming both rows when two of ``rows`` have the same :func:`task_id` (``where``: the source,
+    for the message): a task is run exactly once."""
     seen: dict[str, int] = {}
     for i, r in enumerate(rows):
         tid = task_id(r)
@@ -102,7 +105,7 @@ def _task_source(
         owned = gym.make(import_env_id(env), disable_env_checker=True, **kw)
         env = owned
     try:
-        base = _base_env(env)
+        base = base_env(env)
         env_split = getattr(base, "split", None)
         if split is not None and env_split is not None and env_split != split:
             raise TaskSelectionError(f"the env is on split {env_split!r}, not {split!r}")
@@ -165,7 +168,7 @@ def select_tasks(
     """
     if isinstance(tasks, os.PathLike) or (isinstance(tasks, str) and tasks.endswith(".jsonl")):
         rows = _read_task_file(Path(tasks))
-        _check_unique(rows, str(tasks), TaskFileError)
+        check_unique(rows, str(tasks), TaskFileError)
         return [dict(r) for r in rows]
     if isinstance(tasks, str) and tasks != "all":
         if not tasks.strip().isdigit():
@@ -183,7 +186,7 @@ def select_tasks(
                 )
             return _draw(source, int(tasks), seed, name)
         rows = [dict(r) for r in source]
-        _check_unique(rows, name)
+        check_unique(rows, name)
         if tasks == "all":
             return rows
         if int(tasks) > len(rows):

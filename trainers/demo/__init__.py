@@ -377,7 +377,3 @@ def main(argv: list[str] | None = None) -> None:
     if a.seed is not None:
         cfg.seed = a.seed
     run_demo(cfg)
-
-
-if __name__ == "__main__":
-    main()

@@ -212,11 +212,3 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
 
 def _losses(trainer: Any) -> list[float]:
     return [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
-
-
-if __name__ == "__main__":  # `python -m trainers.dpo ...` = `toolgym train dpo ...`
-    import sys
-
-    from trainers.cli import main as _main
-
-    sys.exit(_main(["dpo", *sys.argv[1:]]))

@@ -1,4 +1,11 @@
-"""GRPO: TRL's GRPOTrainer on the model's own multi-turn episodes (rollout_func adapter, env reward).
+"""GRPO: TRL's GRPOTrainer on the model's own multi-turn episodes (TRL's ``rollout_func`` hook, env reward).
+
+This module is the algorithm's contract (:class:`Config`, :func:`run`); the rest of the wing, in the order a run
+visits it: :mod:`~trainers.grpo.build` (the trainer wired to the env), :mod:`~trainers.grpo.rollout_adapter` (TRL's
+``rollout_func``: episodes through the env), :mod:`~trainers.grpo.generation` (generation with the trainer's own
+model) and :mod:`~trainers.grpo.sampling`, :mod:`~trainers.grpo.trainer` (advantages, the loss) and
+:mod:`~trainers.grpo.zero_advantage`, :mod:`~trainers.grpo.efficiency` (the CPU memory and speed techniques),
+:mod:`~trainers.grpo.preflight` (checks before loading) and :mod:`~trainers.grpo.importance_sampling_metrics`.
 
 Run (``toolgym train grpo``; any accelerate config, see ``docs/training.md``)::
 
@@ -8,8 +15,9 @@ Run (``toolgym train grpo``; any accelerate config, see ``docs/training.md``)::
 
 In Python: ``run(Config(env_id=..., trl={"max_steps": 2, ...}))``. The config file's top-level keys are
 ``trl.GRPOConfig`` fields (:attr:`Config.trl`) and its ``toolgym:`` section holds the other :class:`Config` fields.
-Seams for variants of GRPO: :func:`trainer_class` (which ``GRPOTrainer`` class to build, e.g. a subclass with
-another advantage estimator) and :func:`build_trainer` (the trainer wired to the env). Only ``rollout_func`` is
+Seams for variants of GRPO: :func:`~trainers.grpo.build.trainer_class` (which ``GRPOTrainer`` class to build, e.g.
+a subclass with another advantage estimator) and :func:`~trainers.grpo.build.build_trainer` (the trainer wired to
+the env; both are served from here too). Only ``rollout_func`` is
 passed to TRL (no ``tools``/``environment_factory``: TRL would ignore ``env_mask``).
 """
 
@@ -17,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from toolgym.checkpoint import episode_env_kwargs, write_run_settings
@@ -26,6 +33,10 @@ from trainers.runconfig import opt
 
 __all__ = ["Config", "build_trainer", "lora_config", "merge_adapters", "no_autocast_weight_cache", "run",
            "trainer_class"]
+
+#: names served from the modules that import TRL/peft/accelerate, imported on first use (PEP 562)
+_LAZY = {"build_trainer": "build", "lora_config": "build", "merge_adapters": "build", "trainer_class": "build",
+         "no_autocast_weight_cache": "efficiency"}
 
 
 @dataclass
@@ -79,84 +90,6 @@ class Config:
             raise ValueError(f"lora must be a mapping of peft.LoraConfig fields or null, got {self.lora!r}")
 
 
-def lora_config(fields: Mapping[str, Any]) -> Any:
-    """``peft.LoraConfig(**fields)`` for a causal LM (``task_type`` defaults to ``CAUSAL_LM``); a field LoraConfig
-    does not have is a ``ValueError`` naming it."""
-    import dataclasses
-
-    from peft import LoraConfig
-
-    known = {f.name for f in dataclasses.fields(LoraConfig)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"lora: unknown peft.LoraConfig field(s) {unknown}")
-    return LoraConfig(**{"task_type": "CAUSAL_LM", **fields})
-
-
-def trainer_class(config: Config) -> type:
-    """The trainer class :func:`build_trainer` builds: :class:`trainers.grpo.trainer.TurnCreditGRPOTrainer`, TRL's
-    ``GRPOTrainer`` with the advantage estimator ``config.advantage`` (``outcome``: TRL's own numbers, untouched)."""
-    from trainers.grpo.trainer import TurnCreditGRPOTrainer
-
-    return TurnCreditGRPOTrainer
-
-
-def build_trainer(
-    config: Config, *, model: Any = None, tokenizer: Any = None,
-    tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = (),
-) -> tuple[Any, Any]:
-    """The trainer (:func:`trainer_class`) wired to a :class:`~trainers.grpo.rollout_adapter.ToolgymRollout`; returns
-    ``(trainer, rollout)``.
-
-    ``model``/``tokenizer`` default to ``config.model`` (:func:`trainers.contract.load_policy`); ``tasks`` to
-    ``config.num_train_tasks`` tasks drawn with :func:`toolgym.evaluation.tasks.draw_tasks`; ``callbacks`` go to the trainer
-    before the MLflow ones (``report_to: mlflow``).
-    """
-    from toolgym.evaluation.tasks import draw_tasks
-    from trainers.contract import load_policy
-    from trainers.grpo.importance_sampling_metrics import add_is_metrics
-    from trainers.grpo.preflight import (
-        check_report_to,
-        check_server_hosts,
-        ensure_model_dir,
-        needs_model_dir,
-        num_machines,
-    )
-    from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset
-    from trainers.runconfig import trl_config
-    from trainers.tracking import mlflow_callbacks
-
-    args = trl_config("GRPOConfig", config.trl)
-    check_report_to(args.report_to)  # a missing tracker: one clear error naming its extra, before any loading
-    check_server_hosts(args, num_machines())  # several nodes: the vLLM server host must not be loopback
-    if model is None:
-        model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
-    if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM
-        ensure_model_dir(model, tokenizer, Path(args.output_dir) / "base_model")
-    env_kwargs = dict(config.env_kwargs)
-    env_kwargs.setdefault("tokenizer", tokenizer)
-    if tasks is None:
-        tasks = draw_tasks(config.env_id, config.num_train_tasks, seed=config.task_seed, env_kwargs=env_kwargs)
-    rollout = ToolgymRollout(
-        config.env_id, tasks, env_kwargs=env_kwargs, max_turn_tokens=config.max_turn_tokens,
-        trajectory_dir=config.trajectory_dir, schedule=config.schedule, trim_heap=config.trim_heap,
-    )
-    if config.trim_heap:
-        from trainers.grpo.memory import TrimHeapCallback
-
-        callbacks = [*callbacks, TrimHeapCallback()]
-    trainer = trainer_class(config)(
-        model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
-        train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
-        callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
-        advantage=config.advantage, gamma=config.gamma, skip_zero_advantage=config.skip_zero_advantage,
-        **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
-    )
-    add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/grpo/importance_sampling_metrics.py)
-    no_autocast_weight_cache(trainer)
-    return trainer, rollout
-
-
 def run(config: Config, *, model: Any = None, tokenizer: Any = None,
         tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = ()) -> RunResult:
     """Train with GRPO (:func:`build_trainer`), then save the model and tokenizer to ``trl.output_dir`` (when
@@ -166,6 +99,7 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     ``metrics``: ``global_step`` and TRL's ``log_history`` (per logged step: ``reward``, ``toolgym/success``, ...).
     """
     from trainers.contract import prepare
+    from trainers.grpo.build import build_trainer, merge_adapters
 
     prepare(threads=config.threads)
     # LoRA freezes every base weight: the caller's model gets its own trainable set back with the merged weights
@@ -203,43 +137,9 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
                      artifacts)
 
 
-def no_autocast_weight_cache(trainer: Any) -> bool:
-    """Turn off the weight cache of the autocast context Accelerate wraps the model's forward in (mixed precision),
-    before ``train()`` prepares the model; returns whether it did.
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
 
-    With the cache on, each forward keeps a half-precision copy of every trainable weight until it returns (the
-    cache lives as long as the outermost autocast context). A training forward uses each weight once, so the cache
-    saves no cast there; under gradient checkpointing it only holds ~2 bytes per trainable parameter that would
-    otherwise be freed layer by layer (SmolLM2-135M: ~212 MB). The values are the same: the same cast, made at
-    use. Generation keeps one cache per ``generate()`` call (:func:`trainers.grpo.rollout_adapter.TRLPolicy` runs it under
-    its own context, without this wrapper). An autocast handler the caller configured is left as it is."""
-    accelerator = getattr(trainer, "accelerator", None)
-    if accelerator is None or not getattr(accelerator, "native_amp", False) or accelerator.autocast_handler is not None:
-        return False
-    from accelerate.utils import AutocastKwargs
-
-    accelerator.autocast_handler = AutocastKwargs(cache_enabled=False)
-    return True
-
-
-def merge_adapters(trainer: Any) -> Any:
-    """Fold the LoRA adapters of ``trainer.model`` into its base weights and remove them (``merge_and_unload``):
-    the model the caller passed in is then a plain model again, with the trained weights. Returns that model, or
-    ``None`` when the trainer has no adapters. TRL's fused LM head, patched onto the base model's instance, is
-    dropped with them."""
-    from accelerate.utils import is_peft_model
-
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    if not is_peft_model(model):
-        return None
-    base = model.merge_and_unload()
-    vars(base).pop("forward", None)
-    return base
-
-
-if __name__ == "__main__":  # `python -m trainers.grpo ...` = `toolgym train grpo ...`
-    import sys
-
-    from trainers.cli import main as _main
-
-    sys.exit(_main(["grpo", *sys.argv[1:]]))
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

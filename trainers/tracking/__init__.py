@@ -45,6 +45,7 @@ __all__ = [
     "EXPERIMENT",
     "LINEAGE_FILE",
     "REPORT_BACKENDS",
+    "ReportTo",
     "ToolgymMLflowCallback",
     "TrackingError",
     "check_report_backends",
@@ -380,3 +381,11 @@ def report_summary(backends: Sequence[str], *, kind: str, run_name: str, metrics
             mod.finish()
             where[name] = project
     return where
+
+
+class ReportTo:
+    """What the ``toolgym.report_to`` entry points (``mlflow``, ``tensorboard``, ``wandb``, ``trackio``) name: the
+    ``--report-to`` backends of ``toolgym eval``/``rollout`` (``toolgym/cli/plugins.py`` states the protocol)."""
+
+    check_report_backends = staticmethod(check_report_backends)
+    report_summary = staticmethod(report_summary)

@@ -9,10 +9,11 @@ from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
 
-__all__ = ["compare", "decide"]
+__all__ = ["compare", "decide", "short_env_id"]
 
 
-def _short(env_id: Any) -> str:
+def short_env_id(env_id: Any) -> str:
+    """``env_id`` without its namespace (``toolgym/Calculator-v0`` -> ``Calculator-v0``)."""
     return str(env_id).split("/", 1)[-1]
 
 
@@ -21,7 +22,7 @@ def compare(champion: Mapping[str, Any], challenger: Mapping[str, Any]) -> dict[
     task id, ``toolgym.evaluation.paired_difference_ci(before=champion, after=challenger)``. Returns ``{"comparable":
     bool, "why": str, "mean", "lo", "hi", "n"}``; ``better`` is ``lo > 0``."""
     for key in ("env_id", "split"):
-        if _short(champion[key]) != _short(challenger[key]):
+        if short_env_id(champion[key]) != short_env_id(challenger[key]):
             return {"comparable": False, "better": False,
                     "why": f"different {key}: {challenger[key]} vs the champion's {champion[key]}"}
     a = {str(t): float(s) for t, s in zip(champion["task_ids"], champion["per_task_success"], strict=True)}

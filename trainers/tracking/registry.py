@@ -41,7 +41,7 @@ from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
 from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
-from trainers.tracking.promotion import _short, compare, decide
+from trainers.tracking.promotion import compare, decide, short_env_id
 from trainers.tracking.store import check_store_writable, store_lock
 
 __all__ = [
@@ -144,7 +144,7 @@ def load_eval(path: str | Path, *, env_id: str | None = None) -> dict[str, Any]:
                             ExitCode.INPUT)
     if len(set(map(str, ids))) != len(ids):
         raise RegistryError(f"{path}: task_ids has duplicates", ExitCode.INPUT)
-    if env_id and _short(ev["env_id"]) != _short(env_id):
+    if env_id and short_env_id(ev["env_id"]) != short_env_id(env_id):
         raise RegistryError(f"{path}: an evaluation of {ev['env_id']}, but the checkpoint was trained on {env_id}",
                             ExitCode.INPUT)
     return ev
@@ -334,7 +334,7 @@ def attach_eval(name: str, version: str | int, eval_path: str | Path) -> dict[st
     client = _client(write=True)
     mv = _get_version(client, name, version)
     env = mv.tags.get("toolgym.env_id")
-    if env and _short(env) != _short(ev["env_id"]):
+    if env and short_env_id(env) != short_env_id(ev["env_id"]):
         raise RegistryError(f"{eval_path}: an evaluation of {ev['env_id']}, but {name} v{mv.version} was trained "
                             f"on {env}", ExitCode.INPUT)
     run_id = mv.tags.get("toolgym.registration_run_id") or mv.run_id
@@ -376,7 +376,7 @@ def format_table(rows: Sequence[Mapping[str, Any]]) -> str:
     body = []
     for r in rows:
         ci = r["success_ci95"]
-        body.append((str(r["version"]), ",".join(r["aliases"]) or "-", _short(r["env_id"] or "-"), r["split"] or "-",
+        body.append((str(r["version"]), ",".join(r["aliases"]) or "-", short_env_id(r["env_id"] or "-"), r["split"] or "-",
                      str(r["n_tasks"] or "-"), "-" if r["success"] is None else f"{r['success']:.3f}",
                      f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "-",
                      "-" if r["pass_at_k"] is None else f"{r['pass_at_k']:.3f}" + (f" (k={r['k']})" if r["k"] else ""),
