@@ -124,8 +124,13 @@ def write_run_settings(
                             "max_turn_tokens": max_turn_tokens, "eval": dict(eval or {}), "autocast": autocast}
     if device is not None:
         data["device"] = device
-    text = json.dumps(data, indent=2, sort_keys=True)  # TypeError on anything that is not JSON
     target = d / RUN_SETTINGS_FILE
+    try:  # keys another writer keeps in the same file (a tracked run's lineage) stay
+        kept = json.loads(target.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    data = {**(kept if isinstance(kept, dict) else {}), **data}
+    text = json.dumps(data, indent=2, sort_keys=True)  # TypeError on anything that is not JSON
     tmp = target.with_suffix(".json.tmp")
     tmp.write_text(text + "\n")
     tmp.replace(target)
