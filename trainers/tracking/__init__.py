@@ -217,7 +217,12 @@ class ToolgymMLflowCallback(_CallbackBase):  # type: ignore[misc,valid-type]
     def _write_lineage(self, directory: str | os.PathLike[str]) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        (d / LINEAGE_FILE).write_text(json.dumps(self.lineage(), indent=1) + "\n")
+        try:  # the run settings toolgym eval reads (toolgym.checkpoint.write_run_settings) share the file
+            kept = json.loads((d / LINEAGE_FILE).read_text())
+        except (OSError, ValueError):
+            kept = {}
+        merged = {**(kept if isinstance(kept, dict) else {}), **self.lineage()}
+        (d / LINEAGE_FILE).write_text(json.dumps(merged, indent=1) + "\n")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
