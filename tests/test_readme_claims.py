@@ -17,7 +17,7 @@ DOCS = {p.name: p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").gl
 def _demo_files() -> set[str]:
     """The files ``trainers/demo/__init__.py`` writes under ``<output_dir>/trajectories/`` (read from its source: the
     ``EVAL_FILES`` table, the literal names, and the GRPO adapter's ``rank0.jsonl`` in its trajectory dir)."""
-    src = (ROOT / "trainers" / "demo.py").read_text(encoding="utf-8")
+    src = (ROOT / "trainers" / "demo" / "__init__.py").read_text(encoding="utf-8")
     tree = ast.parse(src)
     table = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                  and any(isinstance(t, ast.Name) and t.id == "EVAL_FILES" for t in n.targets))
