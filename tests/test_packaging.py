@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,6 +91,25 @@ def test_installed_wheel_imports_the_adapter_outside_the_checkout(wheel: Path, t
     assert "grpo_calculator_cpu" in proc.stderr
 
 
+def _installed(wheel: Path, tmp_path: Path) -> tuple[Path, Path, Any]:
+    """The wheel installed with ``pip --target`` outside the checkout: ``(site dir, work dir, run)``, where
+    ``run(*args, timeout=400)`` runs the wheel's own ``toolgym`` script in the work dir with only that site on the
+    path."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target),
+           "OMP_NUM_THREADS": "1"}
+    toolgym = str(target / "bin" / "toolgym")
+
+    def run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([toolgym, *args], capture_output=True, text=True, cwd=work, timeout=timeout, env=env)
+
+    return target, work, run
+
+
 _USER_TOOLS = """
 from toolgym import ToolError, tool
 
@@ -129,17 +149,7 @@ def test_installed_wheel_trains_by_config_name_and_benchmarks_the_users_tools(wh
     """From a wheel installed outside the checkout: ``toolgym train grpo --config grpo_calculator_cpu`` finds the
     shipped config by name and runs a step; ``toolgym bench tools`` times a user's ``@tool`` module and ``toolgym
     bench mcp`` a user's MCP config (a real stdio server), each with the user's arguments."""
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target),
-           "OMP_NUM_THREADS": "1"}
-    toolgym = str(target / "bin" / "toolgym")
-
-    def run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([toolgym, *args], capture_output=True, text=True, cwd=work, timeout=timeout, env=env)
+    target, work, run = _installed(wheel, tmp_path)
 
     proc = run("train", "grpo", "--config", "grpo_calculator_cpu", "--max_steps", "1", "--output_dir", "out/grpo")
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
@@ -183,17 +193,7 @@ def test_installed_wheel_runs_train_and_ui_through_its_entry_points(wheel: Path,
     entries = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "[toolgym.commands]\n" in entries and "train = trainers.cli:main" in entries
     assert "[toolgym.report_to]\n" in entries and "[toolgym.policies]\n" in entries
-    target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), "PYTHONPATH": str(target),
-           "OMP_NUM_THREADS": "1"}
-    toolgym = str(target / "bin" / "toolgym")
-
-    def run(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([toolgym, *args], capture_output=True, text=True, cwd=work, timeout=timeout, env=env)
+    target, work, run = _installed(wheel, tmp_path)
 
     proc = run("train", "--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
