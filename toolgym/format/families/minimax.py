@@ -81,6 +81,7 @@ class MiniMaxM2Parser(ToolCallParser):
         return ToolCall(inv.name, args, raw=inv.raw)
 
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
+        """``content``, then the block exactly as MiniMax-M2's chat template renders structured ``tool_calls``."""
         if not calls:
             return content
         invokes = "".join(
@@ -89,4 +90,4 @@ class MiniMaxM2Parser(ToolCallParser):
             + "</invoke>\n"
             for n, a in calls
         )
-        return f"{content}\n\n{OPEN}\n{invokes}{CLOSE}" if content else f"{OPEN}\n{invokes}{CLOSE}"
+        return f"{content}\n{OPEN}\n{invokes}{CLOSE}"  # as MiniMax's template writes it, "\n" first even alone
