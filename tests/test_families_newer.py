@@ -166,3 +166,36 @@ def test_format_calls_writes_what_each_family_template_renders():
         '<parameter name="n">3</parameter>\n</invoke>\n<invoke name="g">\n</invoke>\n</minimax:tool_call>'
     )
     assert get_parser("pythonic").format_calls(calls) == "[lookup(key='Paris', n=3), g()]"
+
+
+@pytest.mark.parametrize(
+    ("spec", "raw", "want"),
+    [
+        ({"type": "string"}, "  Paris \n", "Paris"),  # vLLM strips values
+        ({"type": "string"}, "None", None),  # vLLM reads null/none/nil as null whatever the type
+        (None, "nil", None),
+        (None, "5", "5"),  # outside the schema: text
+        ({"type": "integer"}, "5.0", 5.0),  # not an integer: JSON, as vLLM falls back
+        ({"type": "number"}, "5.0", 5),
+        ({"type": "number"}, "nan", "nan"),
+        ({"type": "object"}, "{'a': 1}", "{'a': 1}"),  # no Python literals (vLLM keeps the text)
+        ({"type": "boolean"}, "True", True),
+        ({"enum": [1, 2, 12]}, "12", 12),
+        ({"type": "null"}, "5", 5),
+        ({}, "[1, 2]", "[1, 2]"),
+    ],
+)
+def test_minimax_reads_values_as_vllm_does(spec, raw, want):
+    from toolgym.format.families.minimax import convert
+
+    got = convert(raw, spec)
+    assert got == want and type(got) is type(want)
+
+
+@pytest.mark.parametrize(("spec", "raw"), [({"type": "boolean"}, "yes"), ({"type": "number"}, "inf"),
+                                           ({"type": "integer"}, "1_000"), ({"type": "object"}, "NaN")])
+def test_minimax_refuses_values_vllm_guesses_or_fails_on(spec, raw):
+    from toolgym.format.families.minimax import convert
+
+    with pytest.raises(ValueError):
+        convert(raw, spec)

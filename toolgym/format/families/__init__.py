@@ -25,7 +25,7 @@ name                 format (what the model writes)
 ``deepseek_v32``     ``<｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>…``
                      (DeepSeek-V3.2; ``string="false"``: a JSON value).
 ``minimax_m2``       ``<minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter></invoke></minimax:tool_call>``;
-                     values typed with the tool's JSON schema as ``qwen3_coder`` types them.
+                     values stripped and typed with the tool's JSON schema as vLLM's MiniMax-M2 parser reads them.
 ``pythonic``         ``[NAME(key='text', n=3), ...]`` (Llama 3.2 / Llama 4, optionally in ``<|python_start|>``); read with
                      :mod:`ast`, literals only; alias ``llama4_pythonic``.
 ===================  =====================================================================================
