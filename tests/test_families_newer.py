@@ -106,11 +106,18 @@ def test_auto_detection_of_the_pythonic_template_and_real_llama_templates_stay_j
         ("pythonic", "[f(x=os.system('rm -rf /'))]", "not a literal"),
         ("pythonic", "[f(x=__import__('os'))]", "not a literal"),
         ("pythonic", "[f(x=1 + 2)]", "not a literal"),
-        ("pythonic", "[f(x={1, 2})]", "no JSON form"),
+        ("pythonic", "[f(x={1, 2})]", "a Set"),
+        ("pythonic", "[f(x=2j)]", "no JSON form"),
         ("pythonic", "[f(x=1_000)]", "underscores"),
         ("pythonic", "[f(x=1)] and more", "one [...] list"),
         ("pythonic", "[f(x=1), g(", "not a Python list"),
         ("pythonic", "[f(**kw)]", "unpacking"),
+        ("pythonic", "[f(x=-3)]", "negative number"),  # vLLM reads constants, lists and dicts only
+        ("pythonic", "[f(x=(1, 2))]", "Tuple"),
+        ("pythonic", "[_f(x=1)]", "start with a letter"),  # vLLM's pattern: the turn is text
+        ("pythonic", "[f(_x=1)]", "start with a letter"),
+        ("pythonic", " [f(x=1)]", "leading whitespace"),
+        ("pythonic", "[f(x={[1]: 2})]", "keys must be literals"),
         ("pythonic", "<|python_start|>hello", "python_start"),
     ],
 )
@@ -125,8 +132,8 @@ def test_pythonic_reads_prose_as_an_answer_and_never_evaluates():
     for text in ("The answer is [1, 2].", "[1, 2, 3]", "Paris."):
         parsed = p.parse(text)
         assert parsed.calls == [] and parsed.content == text
-    calls = p.parse("[f(x=(1, 2), y=-3.5, z='a\\nb')]").calls
-    assert [(c.name, c.arguments) for c in calls] == [("f", {"x": [1, 2], "y": -3.5, "z": "a\nb"})]
+    calls = p.parse("[f(x=[1, 2.5], y={1: None, 'k': [True]}, z='a\\nb')]").calls
+    assert [(c.name, c.arguments) for c in calls] == [("f", {"x": [1, 2.5], "y": {"1": None, "k": [True]}, "z": "a\nb"})]
 
 
 def test_minimax_values_are_typed_by_the_schema():

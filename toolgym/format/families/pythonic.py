@@ -1,7 +1,9 @@
 """Pythonic calls (Llama 3.2 / Llama 4): ``[get_weather(city="Paris"), f(x=1)]``, read with :mod:`ast`.
 
-Nothing is evaluated: the turn is parsed into a syntax tree, and each keyword's value must be a literal
-(``ast.literal_eval`` on that node alone: strings, numbers, booleans, ``None``, lists, dicts, tuples).
+Nothing is evaluated: the turn is parsed into a syntax tree, and each keyword's value is read from its node in
+the manner of ``ast.literal_eval``, narrowed to what vLLM's pythonic parser reads: constants (strings, numbers,
+booleans, ``None``), lists and dicts with constant keys. A tuple, a set or a unary minus (``-3``) is refused,
+as vLLM refuses them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ __all__ = ["PythonicParser", "python_literal_text"]
 PY_START, PY_END = "<|python_start|>", "<|python_end|>"
 #: what a turn that means to call looks like: ``[`` then ``name(``
 _LOOKS_LIKE_CALLS = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
+#: a function or keyword name vLLM's pattern accepts: an ASCII letter first
+_NAME = re.compile(r"[A-Za-z]\w*")
 _MAX_LEN = 200_000
 
 
@@ -34,14 +38,32 @@ def python_literal_text(v: Any) -> str:
     return repr(v)
 
 
+def _literal(node: ast.expr, depth: int = 0) -> Any:
+    """A constant, a list or a dict with constant keys, as vLLM's pythonic parser reads values (a tuple, a set,
+    a unary minus or any expression is refused there: ValueError here)."""
+    if depth > 64:
+        raise ValueError("value nested too deeply")
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if v is not None and not isinstance(v, str | int | float):
+            raise ValueError(f"a {type(v).__name__} has no JSON form")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("not a finite number")
+        return v
+    if isinstance(node, ast.List):
+        return [_literal(e, depth + 1) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        if not all(isinstance(k, ast.Constant) for k in node.keys):
+            raise ValueError("dict keys must be literals")
+        return {_literal(k, depth + 1): _literal(v, depth + 1) for k, v in zip(node.keys, node.values, strict=True)}
+    kind = "a negative number" if isinstance(node, ast.UnaryOp) else f"a {type(node).__name__}"
+    raise ValueError(f"{kind}: only constants, lists and dicts are read")
+
+
 def _value(text: str, node: ast.expr) -> Any:
     """A keyword's value: a literal only (ValueError otherwise, or when it has no JSON form)."""
-    value = ast.literal_eval(node)
+    value = _literal(node)
     reject_underscored_numbers(text, node)
-    if isinstance(value, complex | bytes | set | frozenset):
-        raise ValueError(f"a {type(value).__name__} has no JSON form")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("not a finite number")
     return json_value(value)
 
 
@@ -51,9 +73,10 @@ class PythonicParser(ToolCallParser):
     ``<|python_start|>…<|python_end|>`` (Llama 4). Read with :func:`ast.parse`; keyword values must be literals.
 
     A turn that does not start (after the optional tag) with ``[NAME(`` is a plain answer. One that does must be
-    exactly the list: a syntax error, text around it, a positional argument, a non-literal value (a name, an
-    expression, a call) or a literal with no JSON form (bytes, a set, 1e999) is a parse error for that call or
-    the turn (vLLM drops an unreadable call and keeps the others, or reads the whole turn as text).
+    exactly the list: a syntax error, leading whitespace, text around it, a positional argument, a name starting
+    with ``_``, a value other than a constant, list or dict (a name, a call, a tuple, ``-3``) or one with no JSON
+    form (bytes, ``1e999``) is a parse error for that call or the turn (vLLM drops an unreadable call and keeps
+    the others, or reads the whole turn as text).
     """
 
     stop_tokens = ("<|eot_id|>", "<|eom_id|>", "<|eot|>", "<|eom|>")
@@ -61,7 +84,10 @@ class PythonicParser(ToolCallParser):
 
     def _parse(self, text: str) -> ParsedTurn:
         body, reasoning = split_reasoning(text)
-        s = body.strip()
+        s = body.strip() if reasoning else body.rstrip()
+        if s[:1].isspace() and _LOOKS_LIKE_CALLS.match(s.lstrip()):
+            return ParsedTurn("", [ToolCall("", raw=s, parse_error="pythonic calls must start the turn (no leading "
+                                            "whitespace; vLLM reads the turn as text)")], reasoning)
         tagged = s.startswith(PY_START)
         if tagged:
             s = s[len(PY_START) :].strip()
@@ -90,12 +116,16 @@ class PythonicParser(ToolCallParser):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
             return ToolCall("", raw=raw, parse_error="each list element must be a call NAME(key=value, ...)")
         name = node.func.id
+        if not _NAME.fullmatch(name):
+            return ToolCall("", raw=raw, parse_error=f"a function name must start with a letter, got {name!r}")
         if node.args:
             return ToolCall(name, raw=raw, parse_error=f"positional arguments in a call to {name!r}: use key=value")
         args: dict[str, Any] = {}
         for kw in node.keywords:
             if kw.arg is None:
                 return ToolCall(name, raw=raw, parse_error=f"**-unpacking in a call to {name!r}")
+            if not _NAME.fullmatch(kw.arg):
+                return ToolCall(name, raw=raw, parse_error=f"an argument name must start with a letter: {kw.arg!r}")
             if kw.arg in args:
                 return ToolCall(name, raw=raw, parse_error=f"argument {kw.arg!r} given twice")
             try:
