@@ -190,6 +190,10 @@ def test_format_calls_writes_what_each_family_template_renders():
         ({"enum": [1, 2, 12]}, "12", 12),
         ({"type": "null"}, "5", 5),
         ({}, "[1, 2]", "[1, 2]"),
+        # unions: the union rule (schema order), like every text-valued family
+        ({"type": ["string", "integer"]}, "7", "7"),
+        ({"type": ["integer", "string"]}, "7", 7),
+        ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, "7", 7),
     ],
 )
 def test_minimax_reads_values_as_vllm_does(spec, raw, want):
