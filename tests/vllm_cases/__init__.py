@@ -11,6 +11,7 @@ files' newest versions in the search index this work used, 2026-11). Tests that 
 from __future__ import annotations
 
 from tests.vllm_cases.base import Case
+from tests.vllm_cases.newer import CASES as _NEWER
 from tests.vllm_cases.others import CASES as _OTHERS
 from tests.vllm_cases.qwen_llama_openai import CASES as _QLO
 
@@ -31,6 +32,11 @@ SOURCES = {
     "test_glm47_moe_tool_parser.py": "0ce879769db6d7503db0ecdfb5b503b080720347",
     "test_gemma4_tool_parser.py": "027004de3715411197be51ced325705abcf740a7",
     "test_format_conformance.py": "0e4c702aa688590f5d68af44c0dd2d0cf0430b01",
+    "test_kimi_k2_tool_parser.py": "0825a6c362795d1643ce5684bb3cfa26ff6ffed2",
+    "test_deepseekv32_tool_parser.py": "00816550e740a13736f7ef9921097d51a3f01ede",
+    "test_minimax_m2_tool_parser.py": "0c927c3451653f28e60cd552cff13ddc3c9ff49e",
+    "test_pythonic_tool_parser.py": "0716d268c7d81e445bd9ae30205f7bf4cfacd7d5",
+    "test_llama4_pythonic_tool_parser.py": "0716d268c7d81e445bd9ae30205f7bf4cfacd7d5",
 }
 
-CASES: list[Case] = [*_QLO, *_OTHERS]
+CASES: list[Case] = [*_QLO, *_OTHERS, *_NEWER]

@@ -66,7 +66,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         chat_template: a Jinja template overriding the tokenizer's (``None``: the tokenizer's own if it renders
             tools or is a known family's, else toolgym's ChatML tool template).
         parser: the tool-call format: a registered name (vLLM's: ``"hermes"``, ``"llama3_json"``, ``"qwen3_coder"``,
-            ``"deepseek_v3"``, ``"openai"``, ``"mistral"``, ``"glm45"``, ``"gemma4"``, ...), a parser instance, or
+            ``"deepseek_v3"``, ``"openai"``, ``"mistral"``, ``"glm45"``, ``"gemma4"``, ``"kimi_k2"``, ``"deepseek_v32"``,
+            ``"minimax_m2"``, ``"pythonic"``, ...), a parser instance, or
             ``"auto"`` (from the chat template; see docs/families.md).
         system_prompt: prepended as a system message (unless the task brings its own messages).
         max_turns: assistant turns per episode; reaching it with tool calls pending truncates the episode.

@@ -21,12 +21,20 @@ name                 format (what the model writes)
                      ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (pre-v11).
 ``glm45``            ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>`` (GLM-4.5/4.6/4.7).
 ``gemma4``           ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`` (Gemma 4).
+``kimi_k2``          ``<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>…<|tool_calls_section_end|>``
+``deepseek_v32``     ``<｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>…``
+                     (DeepSeek-V3.2; ``string="false"``: a JSON value).
+``minimax_m2``       ``<minimax:tool_call><invoke name="NAME"><parameter name="K">V</parameter></invoke></minimax:tool_call>``;
+                     values stripped and typed with the tool's JSON schema as vLLM's MiniMax-M2 parser reads them.
+``pythonic``         ``[NAME(key='text', n=3), ...]`` (Llama 3.2 / Llama 4, optionally in ``<|python_start|>``); read with
+                     :mod:`ast`, literals only; alias ``llama4_pythonic``.
 ===================  =====================================================================================
 ``hermes``           ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen 2.5/3); alias ``qwen``.
 ``llama3_json``      ``{"name": ..., "parameters": {...}}`` (Llama 3.1+); alias ``llama3``.
 
 Importing this package registers them in this order (``parser="auto"`` tries the last registered first): hermes,
-llama3_json, qwen3_coder, deepseek_v31, deepseek_v3, mistral, glm45, gemma4, openai.
+llama3_json, qwen3_coder, deepseek_v31, deepseek_v3, mistral, glm45, gemma4, openai, kimi_k2, deepseek_v32,
+minimax_m2, pythonic.
 """
 
 from __future__ import annotations
@@ -40,15 +48,23 @@ from toolgym.format.families.mistral import MistralParser
 from toolgym.format.families.glm import Glm45Parser
 from toolgym.format.families.gemma import Gemma4Parser
 from toolgym.format.families.harmony import HarmonyParser
+from toolgym.format.families.kimi import KimiK2Parser
+from toolgym.format.families.dsml import DeepSeekV32Parser
+from toolgym.format.families.minimax import MiniMaxM2Parser
+from toolgym.format.families.pythonic import PythonicParser
 
 __all__ = [
     "DeepSeekV3Parser",
     "DeepSeekV31Parser",
+    "DeepSeekV32Parser",
     "Gemma4Parser",
     "Glm45Parser",
     "HarmonyParser",
     "HermesParser",
+    "KimiK2Parser",
     "Llama3JsonParser",
+    "MiniMaxM2Parser",
     "MistralParser",
+    "PythonicParser",
     "Qwen3CoderParser",
 ]
