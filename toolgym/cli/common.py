@@ -290,6 +290,10 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
                 "OpenAI-compatible server, or a model directory / .gguf file)",
                 ExitCode.INPUT,
             )
+        if path.is_dir():
+            from toolgym.weights import check_weights
+
+            check_weights(path)  # a truncated weights file: exit 3 naming it, not a load error deep in transformers
         model, tok = load_model(path)
     model = place_model(model, getattr(args, "device", "auto"))
     args.placement = describe(model)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
+from toolgym.weights import WeightsError, check_weights
 from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
 from trainers.tracking.promotion import compare, decide, short_env_id
 from trainers.tracking.store import check_store_writable, store_lock
@@ -61,8 +62,6 @@ __all__ = [
 EVAL_KEYS = ("env_id", "split", "n_tasks", "success", "task_ids", "per_task_success")
 """Keys a ``toolgym eval --json`` file must have to be attached to a version."""
 
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
-            "adapter_model.safetensors", "adapter_model.bin")
 _TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 #: trainer state files in ``checkpoint-N`` dirs that are not part of the model
 _SKIP = ("optimizer.pt", "scheduler.pt", "rng_state", "training_args.bin", "global_step")
@@ -79,11 +78,11 @@ class RegistryError(CLIError):
 
 def validate_checkpoint(path: str | Path) -> dict[str, Any]:
     """Check that ``path`` is a loadable model directory (``config.json`` with a ``model_type`` or an adapter
-    config, weights, a tokenizer); returns its lineage: the checkpoint's ``toolgym_run.json`` when present, else
+    config, whole weights (:func:`toolgym.weights.check_weights`), a tokenizer); returns its lineage: the checkpoint's ``toolgym_run.json`` when present, else
     what ``config.json`` says (``base_model`` from ``_name_or_path``), unknown fields ``None``.
 
     Raises:
-        RegistryError (exit 3): not a directory, or not a model.
+        RegistryError (exit 3): not a directory, not a model, or a missing / truncated weights file (named).
     """
     d = Path(path).expanduser()
     if not d.is_dir():
@@ -97,8 +96,10 @@ def validate_checkpoint(path: str | Path) -> dict[str, Any]:
         raise RegistryError(f"{cfg_file}: unreadable model config: {e}", ExitCode.INPUT) from None
     if not isinstance(cfg, dict) or not (cfg.get("model_type") or cfg.get("peft_type")):
         raise RegistryError(f"{cfg_file}: not a transformers model config (no model_type)", ExitCode.INPUT)
-    if not any((d / w).is_file() for w in _WEIGHTS):
-        raise RegistryError(f"{path}: no model weights ({', '.join(_WEIGHTS[:3])}, ...)", ExitCode.INPUT)
+    try:
+        check_weights(d)  # whole, not just present: a truncated file is refused here, naming it
+    except WeightsError as e:
+        raise RegistryError(e.message, ExitCode.INPUT) from None
     if not any((d / t).is_file() for t in _TOKENIZER):
         raise RegistryError(f"{path}: no tokenizer files (save the tokenizer with the model)", ExitCode.INPUT)
     lineage: dict[str, Any] = {"training_run_id": None, "env_id": None, "split": None, "config_hash": None,
