@@ -103,3 +103,55 @@ def test_register_and_eval_refuse_a_truncated_checkpoint_naming_the_file(ckpt, t
                       "--no-progress", "--json")
     assert rc == ExitCode.INPUT and name in err and err.count("\n") == 1, (rc, err)
     assert not (tmp_path / "runs" / "mlflow.db").exists() or _cli(capsys, "registry", "list", "m")[0] == ExitCode.USAGE
+
+
+def _eval_json(capsys, tmp_path: Path, policy: str, name: str) -> Path:
+    rc, out, err = _cli(capsys, "eval", "calculator", "--policy", policy, "--split", "test", "--tasks", "2",
+                        "--max-new-tokens", "4", "--no-progress", "--json")
+    assert rc == 0, err
+    path = tmp_path / f"{name}.json"
+    path.write_text(out.splitlines()[-1])
+    return path
+
+
+@pytest.mark.timeout(400)
+def test_an_evaluation_is_registered_only_with_the_weights_it_evaluated(ckpt, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("mlflow", reason="the registry needs the [registry] extra (mlflow)")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    from toolgym.models import load_tokenizer, tiny_random_model
+
+    other = tmp_path / "other"
+    tiny_random_model(load_tokenizer(), seed=2, num_hidden_layers=1).save_pretrained(other)
+    load_tokenizer().save_pretrained(other)
+    oracle = _eval_json(capsys, tmp_path, "oracle", "oracle")
+    mine = _eval_json(capsys, tmp_path, str(ckpt), "mine")
+    rec = json.loads(mine.read_text())["evaluated"]
+    assert rec == {"kind": "checkpoint", "path": str(ckpt.resolve()), "weights_sha256": weights_hash(ckpt)}
+    assert json.loads(oracle.read_text())["evaluated"] == {"kind": "oracle"}
+    old = tmp_path / "old.json"  # a report from before the record
+    old.write_text(json.dumps({k: v for k, v in json.loads(mine.read_text()).items() if k != "evaluated"}))
+    for ck, ev, text in [(ckpt, oracle, "not of a checkpoint"), (other, mine, "evaluates other weights"),
+                         (ckpt, old, "--unverified-eval")]:
+        rc, _, err = _cli(capsys, "registry", "register", str(ck), "--name", "m", "--eval", str(ev))
+        assert rc == ExitCode.INPUT and text in err and str(ev) in err and err.count("\n") == 1, (ck, ev, err)
+    rc, _, err = _cli(capsys, "registry", "register", str(ckpt), "--name", "m", "--eval", str(oracle),
+                      "--unverified-eval")
+    assert rc == ExitCode.INPUT and "not of a checkpoint" in err
+    rc, out, err = _cli(capsys, "registry", "register", str(ckpt), "--name", "m", "--eval", str(mine), "--json")
+    assert rc == 0, err
+    rc, out, err = _cli(capsys, "registry", "register", str(other), "--name", "m", "--eval", str(old), "--json",
+                        "--unverified-eval")
+    assert rc == 0, err
+    # attach-eval: the version's own weights only
+    for version, ev, text in [("1", oracle, "not of a checkpoint"), ("2", mine, "evaluates other weights"),
+                              ("1", old, "--unverified-eval")]:
+        rc, _, err = _cli(capsys, "registry", "attach-eval", "m", version, "--eval", str(ev))
+        assert rc == ExitCode.INPUT and text in err, (version, ev, err)
+    assert _cli(capsys, "registry", "attach-eval", "m", "1", "--eval", str(mine))[0] == 0
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    tags = {v: client.get_model_version("m", v).tags for v in ("1", "2")}
+    assert tags["1"]["eval.verified"] == "true" and tags["2"]["eval.verified"] == "false"
+    assert tags["1"]["toolgym.weights_sha256"] == weights_hash(ckpt)
