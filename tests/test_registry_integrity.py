@@ -1,5 +1,7 @@
-"""The registry's store and its records under faults: an interrupted `registry register` removes only what it made
-(real processes on a real MLflow SQLite store; the pause inside the first process is the injected fault)."""
+"""The registry's store and its records under faults: an interrupted `registry register` removes only what it made;
+a process killed while it creates a fresh store leaves none that later commands cannot use; a broken store that
+holds runs is left as it is (real processes on a real MLflow SQLite store; the pauses and kills inside the first
+process are the injected faults)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from toolgym.errors import CLIError, ExitCode
 
@@ -135,7 +135,7 @@ def _open(uri: str) -> None:
 def _held(path: Path) -> dict[str, int] | None:
     """Rows per data table of an SQLite file (``None`` when it cannot be read as a database)."""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             return {t: con.execute(f'SELECT COUNT(*) FROM "{t}"').fetchone()[0] for t in _DATA_TABLES if t in tables}
