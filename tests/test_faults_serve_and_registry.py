@@ -124,7 +124,7 @@ def test_two_promotions_at_once_are_a_compare_and_set(sqlite_store, tmp_path, ck
     from trainers import registry
 
     for version, rate in ((1, 0.2), (2, 0.9), (3, 0.5)):
-        row = registry.register(ckpts["tiny1"], "calc", _eval(tmp_path / f"e{version}.json", rate))
+        row = registry.register(ckpts["tiny1"], "calc", _eval(tmp_path / f"e{version}.json", rate, ckpt=ckpts["tiny1"]))
         assert row["version"] == version
     assert registry.promote("calc", 1)["promoted"]
     real = registry._version_eval

@@ -26,14 +26,20 @@ ENV = "toolgym/Calculator-v0"
 TASKS = [f"calc-test-{i}" for i in range(40)]
 
 
-def _eval(path: Path, rate: float, *, env: str = ENV, ids: list[str] = TASKS, policy: str = "ckpt") -> Path:
-    """A `toolgym eval --json` summary where the first ``rate`` fraction of tasks succeed."""
+def _eval(path: Path, rate: float, *, env: str = ENV, ids: list[str] = TASKS, policy: str = "ckpt",
+          ckpt: Path | None = None) -> Path:
+    """A `toolgym eval --json` summary where the first ``rate`` fraction of tasks succeed; with ``ckpt``, an
+    evaluation of that checkpoint's weights (its ``evaluated`` record)."""
+    from toolgym.weights import weights_hash
+
     per = [1.0 if k < round(rate * len(ids)) else 0.0 for k in range(len(ids))]
     s = sum(per) / len(per)
+    evaluated = {"kind": "checkpoint", "path": str(ckpt), "weights_sha256": weights_hash(ckpt)} if ckpt else None
     path.write_text(json.dumps({
         "env_id": env, "split": "test", "n_tasks": len(ids), "k": 1, "seed": 0, "policy": policy, "success": s,
         "success_ci95": [max(0.0, s - 0.15), min(1.0, s + 0.15)], "pass_at_k": s, "mean_at_k": s, "reward": s,
         "tool_call_rate": 1.0, "errors": {}, "drift": 0, "task_ids": ids, "per_task_success": per, "wall_s": 1.0,
+        **({"evaluated": evaluated} if evaluated else {}),
     }))
     return path
 
@@ -114,8 +120,9 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def _workflow(tmp_path: Path, capsys, ckpts) -> None:
     """register -> list -> promote (accepted first, refused when worse or incomparable, accepted when better)."""
-    low, high = _eval(tmp_path / "low.json", 0.25), _eval(tmp_path / "high.json", 0.75)
-    other = _eval(tmp_path / "other.json", 0.9, ids=[f"calc-x-{i}" for i in range(40)])
+    low = _eval(tmp_path / "low.json", 0.25, ckpt=ckpts["tiny1"])
+    high = _eval(tmp_path / "high.json", 0.75, ckpt=ckpts["tiny2"])
+    other = _eval(tmp_path / "other.json", 0.9, ids=[f"calc-x-{i}" for i in range(40)], ckpt=ckpts["tiny2"])
     for ck, ev in ((ckpts["tiny1"], low), (ckpts["tiny2"], high), (ckpts["tiny2"], other)):
         rc, out, err = _cli(capsys, "registry", "register", str(ck), "--name", "calc", "--eval", str(ev), "--json")
         assert rc == 0, err
@@ -198,7 +205,7 @@ def test_sqlite_default_register_list_promote_and_load_by_uri(sqlite_store, tmp_
 
 @pytest.mark.timeout(300)
 def test_bad_input_is_one_line_with_its_exit_code_and_registers_nothing(sqlite_store, tmp_path, capsys, ckpts):
-    good = _eval(tmp_path / "good.json", 0.5)
+    good = _eval(tmp_path / "good.json", 0.5, ckpt=ckpts["tiny1"])
     search = _eval(tmp_path / "search.json", 0.5, env="toolgym/Search-v0")
     (tmp_path / "broken.json").write_text('{"env_id": "toolgym/Calculator-v0"')
     (tmp_path / "partial.json").write_text('{"env_id": "toolgym/Calculator-v0", "success": 1}')

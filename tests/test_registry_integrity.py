@@ -1,5 +1,7 @@
-"""The registry's store and its records under faults: an interrupted `registry register` removes only what it made
-(real processes on a real MLflow SQLite store; the pause inside the first process is the injected fault)."""
+"""The registry's store and its records under faults: an interrupted `registry register` removes only what it made;
+a process killed while it creates a fresh store leaves none that later commands cannot use; a broken store that
+holds runs is left as it is (real processes on a real MLflow SQLite store; the pauses and kills inside the first
+process are the injected faults)."""
 
 from __future__ import annotations
 
@@ -81,3 +83,81 @@ def test_interrupted_register_keeps_a_version_another_process_registered(tmp_pat
     assert listed.returncode == 0, listed.stderr[-2000:]
     rows = json.loads(listed.stdout)
     assert [r["version"] for r in rows] == [1]  # the other process's version survives; nothing of the first's
+
+
+# a command on a fresh store, killed (SIGKILL, the injected fault) after the fifth of MLflow's schema migrations
+KILLED_CREATING = """
+import os, signal, sys
+import alembic.runtime.migration as m
+real = m.HeadMaintainer.update_to_step
+done = []
+def step(self, s):
+    real(self, s)
+    done.append(s)
+    if len(done) == 5:
+        os.kill(os.getpid(), signal.SIGKILL)
+m.HeadMaintainer.update_to_step = step
+if sys.argv[1] == "mlflow":  # MLflow itself creating the store in place (what an older toolgym did)
+    import mlflow
+    mlflow.MlflowClient(sys.argv[2]).search_experiments()
+from toolgym.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _killed_while_creating(cwd: Path, how: str) -> None:
+    runs = cwd / "runs"
+    if how in ("hook", "in place"):
+        argv = ["registry", "list", "m"] if how == "hook" else ["mlflow", f"sqlite:///{runs / 'mlflow.db'}"]
+        runs.mkdir(exist_ok=True)
+        p = subprocess.run([sys.executable, "-c", KILLED_CREATING, *argv], cwd=cwd, env=_env(),
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == -signal.SIGKILL, p.stderr[-2000:]
+        return
+    p = subprocess.Popen([sys.executable, "-m", "toolgym.cli", "registry", "list", "m"], cwd=cwd, env=_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # a few hundred ms after the database file (or its temporary file) appears
+        end = time.monotonic() + 120
+        while p.poll() is None and time.monotonic() < end and not (runs.is_dir() and any(
+                f.name.startswith(("mlflow.db", ".mlflow.db")) and not f.name.endswith(".lock")
+                for f in runs.iterdir())):
+            time.sleep(0.005)
+        time.sleep(0.3)
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how", ["hook", "timed", "in place"])
+def test_a_store_killed_while_being_created_works_afterwards(tmp_path, ckpt, how):
+    _killed_while_creating(tmp_path, how)
+    listed = _toolgym(tmp_path, "registry", "list", "m")
+    assert listed.returncode == 2 and "no registered model named 'm'" in listed.stderr, listed.stderr[-2000:]
+    reg = _toolgym(tmp_path, "registry", "register", str(ckpt), "--name", "m", "--json")
+    assert reg.returncode == 0, reg.stderr[-2000:]
+    # MLflow logging through toolgym (what training and `--report-to mlflow` use) works on the same store
+    logged = subprocess.run([sys.executable, "-c", "import mlflow; from trainers.tracking import configure_mlflow; "
+                             "configure_mlflow(); r = mlflow.start_run(run_name='after'); mlflow.log_metric('x', 1); "
+                             "mlflow.end_run(); print(r.info.run_id)"], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert logged.returncode == 0, logged.stderr[-2000:]
+    assert not [f for f in (tmp_path / "runs").iterdir() if f.name.endswith(".creating")]
+
+
+def test_a_broken_store_that_holds_runs_is_left_as_it_is(tmp_path):
+    import sqlite3
+
+    made = subprocess.run([sys.executable, "-c", "import mlflow; from trainers.tracking import configure_mlflow; "
+                           "configure_mlflow(); mlflow.start_run(); mlflow.end_run()"], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    db = tmp_path / "runs" / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.execute("UPDATE alembic_version SET version_num = '451aebb31d03'")  # an older schema: migrations pending
+    con.commit()
+    con.close()
+    before = db.read_bytes()
+    listed = _toolgym(tmp_path, "registry", "list", "m")
+    assert listed.returncode == 3 and str(db) in listed.stderr and "holds 1 runs" in listed.stderr, listed.stderr
+    assert listed.stderr.count("\n") == 1 and db.read_bytes() == before

@@ -59,7 +59,7 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm"
 #: above it. Same order as the package map in docs/concepts.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
-     "toolgym.checkpoint", "toolgym.moved", "toolgym.console", "toolgym.placement"),
+     "toolgym.checkpoint", "toolgym.weights", "toolgym.moved", "toolgym.console", "toolgym.placement"),
     ("toolgym.models",),
     ("toolgym.tools",),
     ("toolgym.trajectory",),

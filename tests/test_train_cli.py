@@ -221,3 +221,26 @@ def test_dpo_resolves_its_config_and_names_close_matches(capsys):
     assert out["algorithm"] == "dpo" and out["config"]["max_steps"] == 3 and out["config"]["beta"] == 0.2
     assert out["config"]["env_id"] == "toolgym/Calculator-v0"
     assert "did you mean --margin?" in _error(capsys, "dpo", "--config", cfg, "--margn", "1", code=2)
+
+
+def test_output_dir_on_the_command_line_moves_the_trajectories_too(tmp_path):
+    out = tmp_path / "second"
+    c = cli.load("grpo", GRPO_CFG, ["--output_dir", str(out)])
+    assert c.trl["output_dir"] == str(out) and c.trajectory_dir == str(out / "trajectories")
+    kept = cli.load("grpo", GRPO_CFG, ["--output_dir", str(out), "--toolgym.trajectory_dir", "elsewhere"])
+    assert kept.trajectory_dir == "elsewhere"  # named on the command line: kept
+    assert cli.load("grpo", GRPO_CFG).trajectory_dir == "runs/grpo_calculator_cpu/trajectories"  # the file's own
+    other = cli.load("grpo", {"output_dir": "runs/x", "toolgym": {"trajectory_dir": "logs/traj"}},
+                     ["--output_dir", str(out), "--use_cpu", "true"])
+    assert other.trajectory_dir == str(out / "trajectories")
+    fixed = cli.load("grpo", {"toolgym": {"trajectory_dir": str(tmp_path / "abs")}}, ["--output_dir", str(out)])
+    assert fixed.trajectory_dir == str(tmp_path / "abs")  # an absolute path is a deliberate choice
+
+
+def test_runs_with_the_same_seed_get_run_names_of_their_own():
+    a, b = (cli.load("grpo", GRPO_CFG, ["--seed", "0"], name_run=True) for _ in range(2))
+    assert a.trl["run_name"] != b.trl["run_name"]
+    assert a.trl["run_name"].startswith("grpo_calculator_cpu-seed0-")
+    assert cli.load("grpo", GRPO_CFG, ["--run_name", "mine"], name_run=True).trl["run_name"] == "mine"
+    assert cli.load("grpo", {"run_name": "filed", "use_cpu": True}, name_run=True).trl["run_name"] == "filed"
+    assert cli.load("grpo", GRPO_CFG).trl.get("run_name") is None  # --dry-run: as configured

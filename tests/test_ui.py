@@ -445,7 +445,9 @@ def _tiny_checkpoint(path: Path, seed: int) -> None:
     tok.save_pretrained(path)
 
 
-def _eval_file(path: Path, rate: float, n: int = 40) -> None:
+def _eval_file(path: Path, rate: float, ckpt: Path, n: int = 40) -> None:
+    from toolgym.weights import weights_hash
+
     ids = [f"calc-test-{i}" for i in range(n)]
     per = [1.0 if k < round(rate * n) else 0.0 for k in range(n)]
     s = sum(per) / n
@@ -453,7 +455,9 @@ def _eval_file(path: Path, rate: float, n: int = 40) -> None:
     path.write_text(json.dumps({"env_id": "toolgym/Calculator-v0", "split": "test", "n_tasks": n, "k": 1, "seed": 0,
                                 "policy": "ckpt", "success": s, "success_ci95": [max(0, s - .15), min(1, s + .15)],
                                 "pass_at_k": s, "mean_at_k": s, "reward": s, "tool_call_rate": 1.0, "errors": {},
-                                "drift": 0, "task_ids": ids, "per_task_success": per, "wall_s": 1.0}))
+                                "drift": 0, "task_ids": ids, "per_task_success": per, "wall_s": 1.0,
+                                "evaluated": {"kind": "checkpoint", "path": str(ckpt),
+                                              "weights_sha256": weights_hash(ckpt)}}))
 
 
 @NEEDS_DRIVER
@@ -461,8 +465,8 @@ def _eval_file(path: Path, rate: float, n: int = 40) -> None:
 def test_evaluate_register_and_promote_from_the_page_with_a_refusal(server: Server, browser: WebDriver) -> None:
     _tiny_checkpoint(server.runs / "ckpts" / "tiny1", 1)
     _tiny_checkpoint(server.runs / "ckpts" / "tiny2", 2)
-    _eval_file(server.runs / "evals" / "tiny1_eval.json", 0.9)
-    _eval_file(server.runs / "evals" / "tiny2_eval.json", 0.5)
+    _eval_file(server.runs / "evals" / "tiny1_eval.json", 0.9, server.runs / "ckpts" / "tiny1")
+    _eval_file(server.runs / "evals" / "tiny2_eval.json", 0.5, server.runs / "ckpts" / "tiny2")
     d = browser
     open_page(d, server)
     tab(d, "registry")
@@ -476,7 +480,8 @@ def test_evaluate_register_and_promote_from_the_page_with_a_refusal(server: Serv
     d.click("#ev-launch")
     res = wait_for(d, "return document.querySelector('#ev-result')?.textContent", timeout=240, what="the evaluation")
     assert res.startswith("success 100.0%") and "on 5 tasks of toolgym/Calculator-v0/test" in res
-    assert json.loads((server.runs / "oracle-eval" / "eval.json").read_text())["n_tasks"] == 5
+    saved = json.loads((server.runs / "oracle-eval" / "eval.json").read_text())
+    assert saved["n_tasks"] == 5 and saved["evaluated"] == {"kind": "oracle"}  # what it evaluated, for the registry
 
     def register(ckpt: str, ev: str) -> str:
         set_value(d, "#rg-ckpt", ckpt)

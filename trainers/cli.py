@@ -45,7 +45,7 @@ from trainers.runconfig import (  # noqa: E402
     trl_field,
 )
 
-__all__ = ["load", "main", "usage"]
+__all__ = ["default_run_name", "load", "main", "usage"]
 
 
 def usage() -> str:
@@ -81,10 +81,53 @@ def _fields_help(name: str) -> str:
     return "\n".join(lines)
 
 
+def default_run_name(output_dir: str | os.PathLike[str] | None, seed: Any) -> str:
+    """A tracker run name of its own for a run that names none: ``<output dir name>-seed<S>-<time>-<4 hex>``.
+    (Left unset, MLflow draws a "random" name from Python's ``random``, which the trainer has just seeded: every run
+    with the same seed got the same name.) The suffix comes from ``os.urandom``, not the seeded generator."""
+    import secrets
+    import time
+
+    base = Path(str(output_dir or "run")).name or "run"
+    return f"{base}-seed{seed if seed is not None else 'none'}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _run_placement(cls: Any, config: Any, over: dict[str, Any], *, name_run: bool) -> dict[str, Any]:
+    """Overrides that keep runs apart: the trajectories follow an ``--output_dir`` given here (a config's relative
+    ``trajectory_dir`` under its own ``output_dir`` moves to the same place under the new one, another relative one
+    to ``<output_dir>/trajectories``; an absolute one stays), and ``run_name`` gets :func:`default_run_name` when
+    neither the file nor the command line sets it (``name_run``)."""
+    import dataclasses
+
+    from trainers.runconfig import read_config
+
+    raw = dict(read_config(config) if isinstance(config, str | os.PathLike) else (config or {}))
+    section = raw.get(SECTION) if isinstance(raw.get(SECTION), dict) else {}
+    own = {f.name for f in dataclasses.fields(cls)}
+    extra: dict[str, Any] = {}
+    traj = section.get("trajectory_dir")
+    key = f"{SECTION}.trajectory_dir"
+    if ("trajectory_dir" in own and over.get("output_dir") not in (None, True) and key not in over
+            and isinstance(traj, str) and traj and not Path(traj).is_absolute()):
+        old_out, new_out = raw.get("output_dir"), Path(str(over["output_dir"]))
+        try:
+            rel = Path(traj).relative_to(str(old_out)) if isinstance(old_out, str) and old_out else None
+        except ValueError:
+            rel = None
+        extra[key] = str(new_out / (rel if rel is not None else "trajectories"))
+    if name_run and "run_name" not in over and not raw.get("run_name"):
+        out = over.get("output_dir") or raw.get("output_dir")
+        extra["run_name"] = default_run_name(out, over.get("seed", raw.get("seed", 42)))
+    return extra
+
+
 def load(name: str, config: str | os.PathLike[str] | Mapping[str, Any] | None = None,
-         overrides: Mapping[str, Any] | Sequence[str] = (), *, check_trl: bool = False) -> Any:
+         overrides: Mapping[str, Any] | Sequence[str] = (), *, check_trl: bool = False,
+         name_run: bool = False) -> Any:
     """Algorithm ``name``'s resolved ``Config`` from a config file (or mapping) and overrides (a dotted mapping, or
-    ``--field value`` tokens).
+    ``--field value`` tokens). For an algorithm on a TRL config, trajectories follow an ``--output_dir`` given in
+    the overrides, and with ``name_run`` (a run about to start) a run that names none gets
+    :func:`default_run_name`.
 
     Raises:
         ConfigError: an unknown algorithm or key, a bad value, an unreadable file, a missing extra.
@@ -107,6 +150,7 @@ def load(name: str, config: str | os.PathLike[str] | Mapping[str, Any] | None = 
         own = {f.name for f in dataclasses.fields(module.Config)} - {tf[0]}
         theirs = {f.name for f in dataclasses.fields(getattr(import_train("trl"), tf[1]))}
         over = {(f"{SECTION}.{k}" if k in own and k not in theirs else k): v for k, v in over.items()}
+        over = {**over, **_run_placement(module.Config, config, dict(over), name_run=name_run)}
     return resolve(module.Config, config, over, check_trl=check_trl)
 
 
@@ -128,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = over.pop("config", None)
         if config is True:
             raise ConfigError("--config needs a FILE.yaml or a shipped config's name")
-        cfg = load(name, config, over, check_trl=dry)
+        cfg = load(name, config, over, check_trl=dry, name_run=not dry)
         if dry:
             print(json.dumps({"algorithm": name, "config": as_mapping(cfg)}, default=str, sort_keys=True))
             return ExitCode.OK

@@ -258,6 +258,7 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
     from toolgym.rollout import OpenAIPolicy, TransformersPolicy
 
     spec: str = args.policy
+    args.evaluated = {"kind": spec if spec in ("oracle", "tiny", "embedded") else "server"}
     if spec == "oracle":
         from toolgym.evaluation import oracle_policy
 
@@ -270,7 +271,9 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
         if scheme in plugins.names(plugins.POLICIES):
             resolve = plugins.load(plugins.POLICIES, scheme, what=f"--policy {scheme}:/...")
             spec = str(resolve(spec))
+            args.evaluated = {"kind": "server", "model_uri": args.policy}
     if spec.startswith(("http://", "https://")):
+        args.evaluated["url"] = spec
         check_reachable(spec)
         tok = load_tokenizer_arg(args.tokenizer)
         policy = OpenAIPolicy(spec, model=args.model_name, temperature=args.temperature)
@@ -290,6 +293,7 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
                 "OpenAI-compatible server, or a model directory / .gguf file)",
                 ExitCode.INPUT,
             )
+        args.evaluated = {**args.evaluated, **evaluated_weights(path)}
         model, tok = load_model(path)
     model = place_model(model, getattr(args, "device", "auto"))
     args.placement = describe(model)
@@ -298,6 +302,19 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
                                 autocast=None if autocast in (None, "none") else autocast,
                                 max_batch_size=getattr(args, "max_batch_size", None))
     return policy, tok
+
+
+def evaluated_weights(path: Path) -> dict[str, Any]:
+    """What a model directory or ``.gguf`` policy is, for the report to record (``toolgym eval --json``'s
+    ``evaluated``; the registry ties an evaluation to a checkpoint by it): ``{"kind": "checkpoint" | "gguf",
+    "path", "weights_sha256"}``. A directory's weight files are checked whole first (exit 3 naming a truncated
+    one, not a load error deep in transformers)."""
+    from toolgym.weights import check_weights, weights_hash
+
+    if path.is_dir():
+        files = check_weights(path)
+        return {"kind": "checkpoint", "path": str(path.resolve()), "weights_sha256": weights_hash(path, files)}
+    return {"kind": "gguf", "path": str(path.resolve()), "weights_sha256": weights_hash(path.parent, [path])}
 
 
 def place_model(model: Any, device: str | None) -> Any:

@@ -166,6 +166,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     table, data = report.format_table(), report.to_dict()
     if getattr(args, "placement", None):  # local model policies: "model on cuda:0, bfloat16"
         data["placement"] = args.placement
+    # what was evaluated: a checkpoint's path and weights hash (the registry refuses this report for other weights)
+    data["evaluated"] = getattr(args, "evaluated", None) or {"kind": "server"}
     if args.json:
         print(table, file=sys.stderr)
         print(json.dumps(data))

@@ -125,7 +125,13 @@ def configure_mlflow(experiment: str | None = None) -> str:
     mlflow = _require_mlflow()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # stdout stays for --json
-    from trainers.tracking.store import StoreReadOnlyError, check_store_writable, local_store_path, store_lock
+    from trainers.tracking.store import (
+        StoreReadOnlyError,
+        check_store_writable,
+        ensure_store,
+        local_store_path,
+        store_lock,
+    )
 
     uri = tracking_uri()
     check_server(uri)
@@ -141,6 +147,7 @@ def configure_mlflow(experiment: str | None = None) -> str:
     with store_lock(uri):
         if uri.startswith("sqlite:///") and read_only is None:
             runs_dir().mkdir(parents=True, exist_ok=True)
+            ensure_store(uri)  # a fresh store appears whole or not at all; a half-created one is rebuilt
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient(uri)
         if client.get_experiment_by_name(name) is None:

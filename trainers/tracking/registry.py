@@ -3,7 +3,8 @@
 ``toolgym registry`` (this module's :func:`main`)::
 
     toolgym registry register CHECKPOINT_DIR --name NAME [--eval EVAL.json] [--env ENV_ID] [--description TEXT]
-    toolgym registry attach-eval NAME VERSION --eval EVAL.json
+                              [--unverified-eval]
+    toolgym registry attach-eval NAME VERSION --eval EVAL.json [--unverified-eval]
     toolgym registry list NAME [--json]
     toolgym registry promote NAME VERSION [--alias champion] [--force --reason TEXT]
 
@@ -14,7 +15,9 @@ A version is an MLflow model version whose files are the artifacts (``model/``) 
 ``toolgym`` experiment; that run also holds the evaluation JSON (``eval/eval.json``) and its scores as metrics.
 Version tags carry the lineage (``toolgym.training_run_id``, ``toolgym.base_model``, ``toolgym.env_id``,
 ``toolgym.config_hash``; read from the checkpoint's ``toolgym_run.json`` when training was tracked) and the
-evaluation (``eval.env_id``, ``eval.split``, ``eval.n_tasks``, ``eval.task_set``, ``eval.success``, ...).
+evaluation (``eval.env_id``, ``eval.split``, ``eval.n_tasks``, ``eval.task_set``, ``eval.success``, ...). An
+evaluation is evidence only for the weights it evaluated: ``toolgym eval --json`` records their hash, which must be
+the checkpoint's (:func:`trainers.tracking.evidence.check_eval_weights`; the version's ``toolgym.weights_sha256``).
 
 Promotion compares the two versions on **the same evaluation** (same env, split and task set): per-task success
 paired by task id, 95% CI of the mean difference from :func:`toolgym.evaluation.paired_difference_ci`; the alias
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import shutil
 import sys
@@ -40,7 +42,17 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
-from trainers.tracking import LINEAGE_FILE, configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
+from toolgym.weights import weights_hash
+from trainers.tracking import configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
+from trainers.tracking.evidence import (
+    EVAL_KEYS,
+    RegistryError,
+    check_eval_weights,
+    eval_metrics,
+    eval_tags,
+    load_eval,
+    validate_checkpoint,
+)
 from trainers.tracking.promotion import compare, decide, short_env_id
 from trainers.tracking.store import check_store_writable, store_lock
 
@@ -48,6 +60,7 @@ __all__ = [
     "EVAL_KEYS",
     "RegistryError",
     "attach_eval",
+    "check_eval_weights",
     "compare",
     "list_versions",
     "load_eval",
@@ -58,120 +71,8 @@ __all__ = [
     "validate_checkpoint",
 ]
 
-EVAL_KEYS = ("env_id", "split", "n_tasks", "success", "task_ids", "per_task_success")
-"""Keys a ``toolgym eval --json`` file must have to be attached to a version."""
-
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
-            "adapter_model.safetensors", "adapter_model.bin")
-_TOKENIZER = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 #: trainer state files in ``checkpoint-N`` dirs that are not part of the model
 _SKIP = ("optimizer.pt", "scheduler.pt", "rng_state", "training_args.bin", "global_step")
-
-
-class RegistryError(CLIError):
-    """A registry failure with the ``toolgym`` exit code to return."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# validation (before anything is created)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def validate_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check that ``path`` is a loadable model directory (``config.json`` with a ``model_type`` or an adapter
-    config, weights, a tokenizer); returns its lineage: the checkpoint's ``toolgym_run.json`` when present, else
-    what ``config.json`` says (``base_model`` from ``_name_or_path``), unknown fields ``None``.
-
-    Raises:
-        RegistryError (exit 3): not a directory, or not a model.
-    """
-    d = Path(path).expanduser()
-    if not d.is_dir():
-        raise RegistryError(f"{path}: not a directory (give a saved model directory)", ExitCode.INPUT)
-    cfg_file = d / ("config.json" if (d / "config.json").is_file() else "adapter_config.json")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except FileNotFoundError:
-        raise RegistryError(f"{path}: not a model directory (no config.json)", ExitCode.INPUT) from None
-    except (OSError, ValueError) as e:
-        raise RegistryError(f"{cfg_file}: unreadable model config: {e}", ExitCode.INPUT) from None
-    if not isinstance(cfg, dict) or not (cfg.get("model_type") or cfg.get("peft_type")):
-        raise RegistryError(f"{cfg_file}: not a transformers model config (no model_type)", ExitCode.INPUT)
-    if not any((d / w).is_file() for w in _WEIGHTS):
-        raise RegistryError(f"{path}: no model weights ({', '.join(_WEIGHTS[:3])}, ...)", ExitCode.INPUT)
-    if not any((d / t).is_file() for t in _TOKENIZER):
-        raise RegistryError(f"{path}: no tokenizer files (save the tokenizer with the model)", ExitCode.INPUT)
-    lineage: dict[str, Any] = {"training_run_id": None, "env_id": None, "split": None, "config_hash": None,
-                               "base_model": cfg.get("_name_or_path") or cfg.get("base_model_name_or_path") or None,
-                               "model_type": cfg.get("model_type") or cfg.get("peft_type")}
-    lf = d / LINEAGE_FILE
-    if lf.is_file():
-        try:
-            recorded = json.loads(lf.read_text())
-        except (OSError, ValueError) as e:
-            raise RegistryError(f"{lf}: unreadable lineage file: {e}", ExitCode.INPUT) from None
-        lineage.update({k: v for k, v in recorded.items() if v is not None})
-    return lineage
-
-
-def task_set_hash(task_ids: Sequence[Any]) -> str:
-    """12 hex digits identifying a set of task ids (order-free)."""
-    return hashlib.sha256("\n".join(sorted(map(str, task_ids))).encode()).hexdigest()[:12]
-
-
-def load_eval(path: str | Path, *, env_id: str | None = None) -> dict[str, Any]:
-    """Read and check a ``toolgym eval --json`` file (:data:`EVAL_KEYS`, aligned ``task_ids`` /
-    ``per_task_success``); with ``env_id``, it must be that env's evaluation.
-
-    Raises:
-        RegistryError (exit 3): unreadable, malformed, or for a different env.
-    """
-    try:
-        ev = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise RegistryError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}", ExitCode.INPUT) from None
-    except ValueError as e:
-        raise RegistryError(f"{path}: not JSON ({e})", ExitCode.INPUT) from None
-    if not isinstance(ev, dict):
-        raise RegistryError(f"{path}: not a `toolgym eval --json` summary (not an object)", ExitCode.INPUT)
-    missing = [k for k in EVAL_KEYS if k not in ev]
-    if missing:
-        raise RegistryError(f"{path}: not a `toolgym eval --json` summary (missing {', '.join(missing)})",
-                            ExitCode.INPUT)
-    ids, per = ev["task_ids"], ev["per_task_success"]
-    if not isinstance(ids, list) or not isinstance(per, list) or len(ids) != len(per) or not ids:
-        raise RegistryError(f"{path}: task_ids and per_task_success must be non-empty lists of equal length",
-                            ExitCode.INPUT)
-    if len(set(map(str, ids))) != len(ids):
-        raise RegistryError(f"{path}: task_ids has duplicates", ExitCode.INPUT)
-    if env_id and short_env_id(ev["env_id"]) != short_env_id(env_id):
-        raise RegistryError(f"{path}: an evaluation of {ev['env_id']}, but the checkpoint was trained on {env_id}",
-                            ExitCode.INPUT)
-    return ev
-
-
-def _eval_tags(ev: Mapping[str, Any]) -> dict[str, str]:
-    ci = ev.get("success_ci95")
-    tags = {"eval.env_id": str(ev["env_id"]), "eval.split": str(ev["split"]), "eval.n_tasks": str(ev["n_tasks"]),
-            "eval.task_set": task_set_hash(ev["task_ids"]), "eval.success": f"{float(ev['success']):.4f}",
-            "eval.policy": str(ev.get("policy", ""))[:500]}
-    if ci:
-        tags["eval.success_ci95"] = f"{float(ci[0]):.4f},{float(ci[1]):.4f}"
-    for key in ("k", "seed", "pass_at_k", "reward", "tool_call_rate"):
-        if ev.get(key) is not None and not isinstance(ev[key], dict | list):
-            tags[f"eval.{key}"] = str(ev[key])
-    return tags
-
-
-def _eval_metrics(ev: Mapping[str, Any]) -> dict[str, float]:
-    out = {}
-    for key in ("success", "pass_at_k", "mean_at_k", "reward", "tool_call_rate"):
-        if isinstance(ev.get(key), int | float) and not isinstance(ev.get(key), bool):
-            out[f"eval/{key}"] = float(ev[key])
-    ci = ev.get("success_ci95")
-    if ci:
-        out["eval/success_ci95_lo"], out["eval/success_ci95_hi"] = float(ci[0]), float(ci[1])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -236,10 +137,11 @@ def _model_files(d: Path) -> list[Path]:
 
 
 def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = None, *, env_id: str | None = None,
-             description: str | None = None) -> dict[str, Any]:
+             description: str | None = None, unverified_eval: bool = False) -> dict[str, Any]:
     """Register ``checkpoint`` as a new version of ``name``; returns the version's row (see :func:`list_versions`).
 
-    Validates the checkpoint and the evaluation file first; then logs the model files (and the evaluation) to a
+    Validates the checkpoint and the evaluation file first (the evaluation must be of this checkpoint's weights,
+    :func:`check_eval_weights`; ``unverified_eval`` accepts one that does not record them); then logs the model files (and the evaluation) to a
     registration run and creates the version. On any failure after that the run (and a model created by this
     call) is deleted, so nothing is half-registered.
     """
@@ -251,6 +153,9 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
     ev = load_eval(eval_path, env_id=lineage.get("env_id")) if eval_path is not None else None
     if ev is not None and not lineage.get("env_id"):
         lineage["env_id"] = ev["env_id"]
+    sha = weights_hash(Path(checkpoint).expanduser())
+    verified = ev is not None and check_eval_weights(ev, eval_path, sha, f"the checkpoint {checkpoint}",
+                                                     unverified=unverified_eval)
     client = _client(write=True)
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -276,10 +181,10 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
                 "toolgym.base_model": str(lineage.get("base_model") or ""),
                 "toolgym.env_id": str(lineage.get("env_id") or ""),
                 "toolgym.split": str(lineage.get("split") or ""),
-                "toolgym.config_hash": str(lineage.get("config_hash") or "")}
+                "toolgym.config_hash": str(lineage.get("config_hash") or ""), "toolgym.weights_sha256": sha}
         if ev is not None:
             _log_eval(client, run_id, ev)
-            tags.update(_eval_tags(ev))
+            tags.update(eval_tags(ev), **{"eval.verified": str(verified).lower()})
         client.set_terminated(run_id)
         # the model (when new) and its version appear together under the store lock: another process's cleanup,
         # which also holds it, never sees a model of ours without its version
@@ -324,12 +229,14 @@ def _log_eval(client: Any, run_id: str, ev: Mapping[str, Any]) -> None:
         p.write_text(json.dumps(ev, indent=1))
         client.log_artifact(run_id, str(p), "eval")
     ts = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, ts, 0) for k, v in _eval_metrics(ev).items()])
+    client.log_batch(run_id, metrics=[mlflow.entities.Metric(k, v, ts, 0) for k, v in eval_metrics(ev).items()])
 
 
-def attach_eval(name: str, version: str | int, eval_path: str | Path) -> dict[str, Any]:
+def attach_eval(name: str, version: str | int, eval_path: str | Path, *,
+                unverified_eval: bool = False) -> dict[str, Any]:
     """Attach (or replace) the held-out evaluation of an existing version: the JSON goes to its registration run,
-    the scores to its tags. The evaluation must be of the version's env."""
+    the scores to its tags. The evaluation must be of the version's env and of its weights
+    (:func:`check_eval_weights`; ``unverified_eval`` accepts one that does not record them)."""
     ev = load_eval(eval_path)  # exit 3 before touching the store
     client = _client(write=True)
     mv = _get_version(client, name, version)
@@ -337,9 +244,12 @@ def attach_eval(name: str, version: str | int, eval_path: str | Path) -> dict[st
     if env and short_env_id(env) != short_env_id(ev["env_id"]):
         raise RegistryError(f"{eval_path}: an evaluation of {ev['env_id']}, but {name} v{mv.version} was trained "
                             f"on {env}", ExitCode.INPUT)
+    sha = mv.tags.get("toolgym.weights_sha256") or weights_hash(resolve_model_uri(f"models:/{name}/{mv.version}"))
+    verified = check_eval_weights(ev, eval_path, sha, f"{name} v{mv.version}", unverified=unverified_eval)
     run_id = mv.tags.get("toolgym.registration_run_id") or mv.run_id
     _log_eval(client, run_id, ev)
-    for k, v in _eval_tags(ev).items():
+    client.set_model_version_tag(name, mv.version, "eval.verified", str(verified).lower())
+    for k, v in eval_tags(ev).items():
         client.set_model_version_tag(name, mv.version, k, v)
     return _row(client.get_model_version(name, mv.version), _get_model(client, name))
 
@@ -514,6 +424,11 @@ def resolve_model_uri(uri: str, cache_dir: str | Path | None = None) -> Path:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+_UNVERIFIED_HELP = ("accept an evaluation that does not record which weights it evaluated (from an older "
+                    "`toolgym eval`); tagged eval.verified=false. One of other weights or of a non-checkpoint policy "
+                    "is refused regardless")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="toolgym registry", description="Model registry on MLflow (tracking store: "
                                 "$MLFLOW_TRACKING_URI, else sqlite:///runs/mlflow.db)",
@@ -526,11 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--eval", dest="eval_path", default=None, help="its held-out `toolgym eval --json` summary")
     s.add_argument("--env", default=None, help="env id it was trained on (default: from toolgym_run.json)")
     s.add_argument("--description", default=None)
+    s.add_argument("--unverified-eval", action="store_true", help=_UNVERIFIED_HELP)
     s.add_argument("--json", action="store_true")
     s = sub.add_parser("attach-eval", help="attach a held-out evaluation to an existing version")
     s.add_argument("name")
     s.add_argument("version")
     s.add_argument("--eval", dest="eval_path", required=True)
+    s.add_argument("--unverified-eval", action="store_true", help=_UNVERIFIED_HELP)
     s.add_argument("--json", action="store_true")
     s = sub.add_parser("list", help="versions with scores, env, split, tasks, CI and aliases")
     s.add_argument("name")
@@ -565,8 +482,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"{a.name}@{a.alias}: unchanged, {res['why']}")
         return ExitCode.OK
-    row = (register(a.checkpoint, a.name, a.eval_path, env_id=a.env, description=a.description)
-           if a.action == "register" else attach_eval(a.name, a.version, a.eval_path))
+    row = (register(a.checkpoint, a.name, a.eval_path, env_id=a.env, description=a.description,
+                    unverified_eval=a.unverified_eval)
+           if a.action == "register" else attach_eval(a.name, a.version, a.eval_path,
+                                                      unverified_eval=a.unverified_eval))
     if a.json:
         print(json.dumps(row))
     else:

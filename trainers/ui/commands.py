@@ -363,6 +363,14 @@ def _client(uri: str) -> Any:
         import mlflow
     except ImportError:
         raise UIError("the Runs page needs the [registry] extra (mlflow)") from None
+    from toolgym.errors import CLIError
+    from trainers.tracking.store import ensure_store, store_lock
+
+    try:
+        with store_lock(uri):
+            ensure_store(uri)  # a store left half-created by a killed process is rebuilt (when it holds no data)
+    except CLIError as e:
+        raise UIError(e.message) from None
     return mlflow.MlflowClient(uri)
 
 
