@@ -19,9 +19,12 @@ pytest.importorskip("mlflow", reason="the registry needs the [registry] extra (m
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# `registry register` whose upload of the model files stops (the injected fault) until SIGINT arrives
+# `registry register` whose upload of the model files stops (the injected fault) until SIGINT arrives. Ctrl-C in a
+# terminal reaches a process with Python's default handler; a shell that starts the test run in the background
+# (`make test &`) hands down SIGINT ignored, so the child puts the default handler back first.
 PAUSED_REGISTER = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 import mlflow
 ready = Path(sys.argv[1])
