@@ -4,12 +4,11 @@ string="true|false">VALUE</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜fu
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.format.families.common import split_reasoning, tag_blocks
 from toolgym.format.families.invoke import Invoke, read_invokes
-from toolgym.format.families.schema_types import branch_type, branches, property_schemas
+from toolgym.format.families.schema_types import SchemaTypedParameters, branch_type, branches
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -28,7 +27,7 @@ def _types(spec: Any) -> set[str | None]:
 
 
 @register_parser("deepseek_v32")
-class DeepSeekV32Parser(ToolCallParser):
+class DeepSeekV32Parser(SchemaTypedParameters, ToolCallParser):
     """DeepSeek-V3.2 DSML calls: a ``<｜DSML｜function_calls>`` block of ``<｜DSML｜invoke name="NAME">``
     elements holding ``<｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter>`` elements.
     ``string="true"``: the value is the text itself; ``string="false"``: the value is JSON.
@@ -42,19 +41,6 @@ class DeepSeekV32Parser(ToolCallParser):
     stop_tokens = ("<｜end▁of▁sentence｜>",)
     template_markers = ((f"{DSML}function_calls",),)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.param_schemas: dict[str, dict[str, Any]] = {}
-
-    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        """Also keep each parameter's resolved JSON schema (references inlined, root unions merged)."""
-        super().set_tools(schemas)
-        self.param_schemas = {}
-        for s in schemas or ():
-            f = s.get("function", s) if isinstance(s, Mapping) else {}
-            params = f.get("parameters") if isinstance(f, Mapping) else None
-            if isinstance(f.get("name"), str) and isinstance(params, Mapping) and "properties" in params:
-                self.param_schemas[f["name"]] = property_schemas(params)
 
     def _parse(self, text: str) -> ParsedTurn:
         body, reasoning = split_reasoning(text)

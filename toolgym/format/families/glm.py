@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.format.families.common import (
@@ -12,7 +11,7 @@ from toolgym.format.families.common import (
     arg_text,
 )
 from toolgym.format.families.qwen3_coder import json_value, python_literal
-from toolgym.format.families.schema_types import branch_type, branches, pick_branch, property_schemas
+from toolgym.format.families.schema_types import SchemaTypedParameters, branch_type, branches, pick_branch
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -41,7 +40,7 @@ def _read(raw: str, spec: Any) -> Any:
 
 
 @register_parser("glm45", "glm47")
-class Glm45Parser(ToolCallBlocks, ToolCallParser):
+class Glm45Parser(SchemaTypedParameters, ToolCallBlocks, ToolCallParser):
     """GLM-4.5 / 4.6 / 4.7: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``
     (newlines between parts optional). Values are text, converted with the tool's parameter types. The template
     writes no end-of-turn token: the model stops by writing the next header (``<|observation|>`` to call tools,
@@ -51,19 +50,6 @@ class Glm45Parser(ToolCallBlocks, ToolCallParser):
     template_markers = (("<arg_key>", "<arg_value>"),)
     turn_closed_by_header = True
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.param_schemas: dict[str, dict[str, Any]] = {}
-
-    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        """Also keep each parameter's resolved JSON schema (references inlined, root unions merged)."""
-        super().set_tools(schemas)
-        self.param_schemas = {}
-        for s in schemas or ():
-            f = s.get("function", s) if isinstance(s, Mapping) else {}
-            params = f.get("parameters") if isinstance(f, Mapping) else None
-            if isinstance(f.get("name"), str) and isinstance(params, Mapping):
-                self.param_schemas[f["name"]] = property_schemas(params)
 
     def _typed(self, tool: str, key: str, raw: str) -> Any:
         """A value read with its parameter's schema: the union rule of :mod:`schema_types` for a union, else

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolgym.format.families.common import split_reasoning, tag_blocks
 from toolgym.format.families.invoke import read_invokes
-from toolgym.format.families.schema_types import branch_type, branches, pick_branch, property_schemas
+from toolgym.format.families.schema_types import SchemaTypedParameters, branch_type, branches, pick_branch
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -88,7 +87,7 @@ def value_text(v: Any) -> str:
 
 
 @register_parser("minimax_m2")
-class MiniMaxM2Parser(ToolCallParser):
+class MiniMaxM2Parser(SchemaTypedParameters, ToolCallParser):
     """MiniMax-M2 calls: ``<minimax:tool_call>`` blocks of ``<invoke name="NAME">`` elements, each holding
     ``<parameter name="KEY">VALUE</parameter>`` elements. Values are text, stripped and typed with the tool's JSON
     schema by :func:`convert` (a parameter outside the schema, or any value without one, stays text).
@@ -101,19 +100,6 @@ class MiniMaxM2Parser(ToolCallParser):
     stop_tokens = ("[e~[",)
     template_markers = ((OPEN, "<invoke name="),)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.param_schemas: dict[str, dict[str, Any]] = {}
-
-    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        """Also keep each parameter's resolved JSON schema (references inlined, root unions merged)."""
-        super().set_tools(schemas)
-        self.param_schemas = {}
-        for s in schemas or ():
-            f = s.get("function", s) if isinstance(s, Mapping) else {}
-            params = f.get("parameters") if isinstance(f, Mapping) else None
-            if isinstance(f.get("name"), str) and isinstance(params, Mapping):
-                self.param_schemas[f["name"]] = property_schemas(params)
 
     def _parse(self, text: str) -> ParsedTurn:
         body, reasoning = split_reasoning(text)

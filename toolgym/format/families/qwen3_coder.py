@@ -30,15 +30,15 @@ import json
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from toolgym.format.families.common import split_reasoning
 from toolgym.format.families.schema_types import (
+    SchemaTypedParameters,
     branch_type,
     branches,
     pick_branch,
-    property_schemas,
     reject_underscored_numbers,
 )
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
@@ -287,7 +287,7 @@ def _convert_one(raw: str, spec: Any) -> Any:
 
 
 @register_parser("qwen3_coder", "qwen3_xml")
-class Qwen3CoderParser(ToolCallParser):
+class Qwen3CoderParser(SchemaTypedParameters, ToolCallParser):
     """Qwen3-Coder / Qwen3.5 XML calls. Tags inside values are told from real ones with the tool schema given to
     :meth:`set_tools`, as vLLM does (the rules above). Errors: unclosed ``<tool_call>`` /
     ``<function=`` / ``<parameter=``, a block without ``<function=NAME>``, a name that is not one (empty,
@@ -298,19 +298,6 @@ class Qwen3CoderParser(ToolCallParser):
     template_markers = (("<function=", "<parameter="),)
     _OPEN, _CLOSE, _FUNC = "<tool_call>", "</tool_call>", "<function="
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.param_schemas: dict[str, dict[str, Any]] = {}
-
-    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
-        """Also keep each parameter's whole JSON schema (``anyOf``, nullable types) for :func:`convert_value`."""
-        super().set_tools(schemas)
-        self.param_schemas = {}
-        for s in schemas or ():
-            f = s.get("function", s) if isinstance(s, Mapping) else {}
-            params = f.get("parameters") if isinstance(f, Mapping) else None
-            if isinstance(f.get("name"), str) and isinstance(params, Mapping):
-                self.param_schemas[f["name"]] = property_schemas(params)
 
     def _names(self, tool: str) -> frozenset[str] | None:
         props = self.param_schemas.get(tool)

@@ -18,7 +18,7 @@ validates, the first branch's reading is kept (the schema check then reports it)
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -26,7 +26,8 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["branch_type", "branches", "pick_branch", "property_schemas", "reject_underscored_numbers", "validates"]
+__all__ = ["SchemaTypedParameters", "branch_type", "branches", "pick_branch", "property_schemas",
+           "reject_underscored_numbers", "validates"]
 
 _BASE = "urn:toolgym:parameters"
 _MAX_DEPTH = 8
@@ -56,6 +57,24 @@ def _inline(spec: Any, resolver: Any, depth: int = 0) -> Any:
             return {k: _inline(v, resolver, depth + 1) if k != "$defs" else v for k, v in merged.items()}
     return {k: (v if k in ("$defs", "definitions", "const", "enum", "default", "examples") else _inline(v, resolver, depth))
             for k, v in out.items()}
+
+
+class SchemaTypedParameters:
+    """A parser mixin (listed before ``ToolCallParser``) for the formats that type argument values with the tool's
+    schema: :meth:`set_tools` also keeps :attr:`param_schemas`, ``{tool name: {property: resolved schema}}``
+    (:func:`property_schemas`); a tool that declares no property has no entry (its arguments are not checked by
+    name)."""
+
+    param_schemas: dict[str, dict[str, Any]] = {}  # replaced, never mutated, by set_tools
+
+    def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
+        super().set_tools(schemas)  # type: ignore[misc]
+        found: dict[str, dict[str, Any]] = {}
+        for s in schemas or ():
+            f = s.get("function", s) if isinstance(s, Mapping) else {}
+            if isinstance(f, Mapping) and isinstance(f.get("name"), str) and (props := property_schemas(f.get("parameters"))):
+                found[f["name"]] = props
+        self.param_schemas = found
 
 
 def property_schemas(parameters: Any) -> dict[str, Any]:
