@@ -54,8 +54,8 @@ def test_sharded_checkpoints_check_every_shard(ckpt, tmp_path):
     d = tmp_path / "sharded"
     shutil.copytree(ckpt, d)
     (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
-    header = json.loads((d / "model-00001-of-00002.safetensors").read_bytes()[8:][:int.from_bytes(
-        (d / "model-00001-of-00002.safetensors").read_bytes()[:8], "little")])
+    data = (d / "model-00001-of-00002.safetensors").read_bytes()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
     names = [k for k in header if k != "__metadata__"]
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
         n: "model-00001-of-00002.safetensors" if i % 2 else "model-00002-of-00002.safetensors"
