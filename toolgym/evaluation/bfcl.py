@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,11 +87,13 @@ def evaluate_bfcl(
     policy: Any, categories: Sequence[str] | str, *, split: str = "test", tasks: str | int = "all",
     num_envs: int = 16, max_turn_tokens: int = 256, seed: int = 0, env_kwargs: Mapping[str, Any] | None = None,
     policy_name: str | None = None, progress: bool = False, out: str | os.PathLike[str] | None = None,
+    ids: Collection[str] | None = None,
 ) -> BFCLReport:
     """Evaluate ``policy`` on each category (``split``: ``all``, ``train`` or ``test``; ``tasks``: ``"all"`` or N
     entries per category drawn from ``seed``) and return the table. Entries run in order of their prompt's length
     (shortest first), ``num_envs`` at a time, so each generation batch pads little. ``out``: also write :meth:`BFCLReport.to_dict`
-    there as JSON. ``env_kwargs`` go to every env (``tokenizer``, ``max_episode_tokens``, ...)."""
+    there as JSON. ``env_kwargs`` go to every env (``tokenizer``, ``max_episode_tokens``, ...). ``ids``: evaluate only
+    the entries with these ids (a fixed subset, e.g. a hashed sample), before ``tasks`` draws from what is left."""
     import numpy as np
 
     from toolgym.data.bfcl import load_category
@@ -105,6 +107,8 @@ def evaluate_bfcl(
     for cat in cats:
         kw = {**dict(env_kwargs or {}), "category": cat}
         entries_of = load_category(cat, split)
+        if ids is not None:
+            entries_of = [e for e in entries_of if e["id"] in ids]
         if tasks != "all":
             entries_of = [entries_of[int(i)] for i in
                           sorted(np.random.default_rng(seed).permutation(len(entries_of))[: int(tasks)])]

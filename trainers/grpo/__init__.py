@@ -91,10 +91,13 @@ class Config:
 
 
 def run(config: Config, *, model: Any = None, tokenizer: Any = None,
-        tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = ()) -> RunResult:
+        tasks: Sequence[Mapping[str, Any]] | None = None, callbacks: Sequence[Any] = (),
+        resume_from_checkpoint: str | None = None) -> RunResult:
     """Train with GRPO (:func:`build_trainer`), then save the model and tokenizer to ``trl.output_dir`` (when
     ``save_model``). ``model``/``tokenizer``/``tasks``/``callbacks``: as :func:`build_trainer` (in-process callers
-    such as the demo); the model is trained in place.
+    such as the demo); the model is trained in place. ``resume_from_checkpoint``: a ``checkpoint-N`` directory
+    TRL saved under ``trl.output_dir`` (``save_strategy="steps"``): the run continues from step N with its
+    optimizer, scheduler, RNG states and data order.
 
     ``metrics``: ``global_step`` and TRL's ``log_history`` (per logged step: ``reward``, ``toolgym/success``, ...).
     """
@@ -108,7 +111,7 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     trainer, rollout = build_trainer(config, model=model, tokenizer=tokenizer, tasks=tasks, callbacks=callbacks)
     args = trainer.args
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume_from_checkpoint)
     finally:
         rollout.close()
         # TRL (its fused LM head) and Accelerate (mixed precision: autocast + float32 outputs) patched ``forward``

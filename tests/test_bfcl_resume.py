@@ -1,0 +1,106 @@
+"""benchmarks/bfcl.py keeps each finished stage and resumes: a killed run recomputes nothing that finished, and an
+interrupted GRPO stage continues from its last saved step; the report reads the committed results alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+#: a tiny protocol: one in-distribution category, one live entry, 2 GRPO steps saved after each
+TINY = ["--seeds", "0", "--categories", "simple_python", "--tasks", "1", "--ood-ast", "1", "--ood-irrelevance", "0",
+        "--max-turn-tokens", "96", "--num-envs", "2", "--warmstart-episodes", "4", "--warmstart-steps", "1",
+        "--warmstart-micro-batch", "4", "--grpo-steps", "2", "--grpo-tasks", "2", "--grpo-prompts-per-step", "1",
+        "--grpo-num-generations", "2", "--grpo-save-steps", "1", "--dtype", "none", "--threads", "1"]
+
+
+def _cmd(out: Path, results: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "benchmarks" / "bfcl.py"), *TINY, "--out", str(out), "--results", str(results),
+            *extra]
+
+
+def _done(out: Path) -> dict[str, float]:
+    """``{stage directory: mtime of its done.json}``."""
+    return {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/done.json")}
+
+
+def test_a_killed_run_resumes_without_recomputing_finished_stages(tmp_path: Path) -> None:
+    out, results = tmp_path / "out", tmp_path / "results"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log = (tmp_path / "first.log").open("w")
+    # the first run: killed (its whole process group) once GRPO has saved its first step
+    proc = subprocess.Popen(_cmd(out, results), cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 900
+    try:
+        while not list(out.glob("grpo-seed0-*/trl/checkpoint-1/trainer_state.json")):
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "GRPO never saved its first step"
+            time.sleep(1)
+        time.sleep(1)  # let the save finish writing (TRL writes trainer_state.json last)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = _done(out)
+    names = sorted(before)
+    assert any(n.startswith("eval-untrained-simple_python-") for n in names), names
+    assert any(n.startswith("warmstart-seed0-") for n in names), names
+    assert any(n.startswith("eval-warmstart-seed0-") for n in names), names
+    assert not any(n.startswith("grpo-seed0-") for n in names), "GRPO had not finished when it was killed"
+    committed = sorted(p.name for p in results.glob("*.json"))
+    assert len(committed) == len(before)
+
+    second = subprocess.run(_cmd(out, results), cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    after = _done(out)
+    # nothing that had finished ran again: same done.json files, untouched
+    assert {k: after[k] for k in before} == before
+    assert "warm start, seed 0" not in second.stdout
+    assert "untrained: 2 of 2 evaluations done" in second.stdout
+    # GRPO continued from its save at step 1 and finished at step 2
+    grpo = next(json.loads((out / n / "done.json").read_text()) for n in after if n.startswith("grpo-seed0-"))
+    assert grpo["resumed_from"] and grpo["resumed_from"].endswith("checkpoint-1")
+    assert grpo["global_step"] == 2
+    assert [r["step"] for r in grpo["log_history"] if "loss" in r] == [1, 2]  # step 1's log came with its save
+    assert any(n.startswith("eval-grpo-seed0-") for n in after)
+
+    # the report comes from the committed results alone (no --out), every stage present
+    rep = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bfcl.py"), *TINY, "--results", str(results),
+                          "--out", str(tmp_path / "elsewhere"), "--report"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    row = next(line for line in rep.stdout.splitlines() if line.startswith("| 0 |"))
+    assert " - " not in row.split("|")[2], row  # untrained / warm start / GRPO all present
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_committed_result_is_not_recomputed_on_a_new_machine(tmp_path: Path) -> None:
+    """With the committed results of the untrained evaluation and an empty ``--out`` (a new machine), the run
+    does not evaluate the untrained model again."""
+    from benchmarks.bfcl import eval_plan, parser, protocol
+    from benchmarks.stages import Stage
+
+    args = parser().parse_args([*TINY, "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")])
+    proto = protocol(args)
+    plan = eval_plan(proto, "untrained", None)
+    assert plan[0]["config"]["category"] == "simple_python" and len(plan) == 2
+    for ev in plan:  # results as a finished run on another machine left them (no files under out)
+        st = Stage(tmp_path / "other", ev["name"], ev["config"], tmp_path / "results")
+        st.start()
+        st.finish({"row": {"n": 1, "correct": 0, "accuracy": 0.0, "ci95": [0, 1], "truncated": 0.0, "errors": {}},
+                   "entries": [{"category": ev["config"]["category"], "id": "x", "valid": False}]})
+    fresh = Stage(tmp_path / "out", plan[0]["name"], plan[0]["config"], tmp_path / "results")
+    assert fresh.result() is not None and not fresh.files_ready()
+    # a different configuration is a different stage: nothing to reuse
+    other = Stage(tmp_path / "out", plan[0]["name"], {**plan[0]["config"], "max_turn_tokens": 17},
+                  tmp_path / "results")
+    assert other.key != fresh.key and other.result() is None
