@@ -62,9 +62,11 @@ def test_pydantic_schema_refs_consts_and_unions_are_typed(family, write):
     assert "$defs" in params  # the shapes under test are really there
     got = _args(family, write(place='{"city": "Paris", "zip": 75001}', unit="celsius", days="3", mode="3",
                               code="7", label="7"), params)
+    # str | int: qwen3_coder reads the first non-null branch (vLLM); GLM takes the JSON value the union admits
+    label = "7" if family == "qwen3_coder" else 7
     assert got == {"place": {"city": "Paris", "zip": 75001}, "unit": "celsius", "days": 3, "mode": 3,
-                   "code": 7, "label": "7"}
-    assert type(got["code"]) is int and type(got["label"]) is str
+                   "code": 7, "label": label}
+    assert type(got["code"]) is int and type(got["label"]) is type(label)
 
 
 @pytest.mark.parametrize(("family", "write"), FAMILIES)
@@ -107,4 +109,85 @@ def test_underscored_number_is_not_an_integer(family, write):
 @pytest.mark.parametrize(("family", "write"), FAMILIES)
 def test_quoted_value_of_an_integer_is_not_silently_an_integer_in_a_union(family, write):
     params = {"type": "object", "properties": {"x": {"anyOf": [{"type": "integer"}, {"type": "string"}]}}}
-    assert _args(family, write(x='"42"'), params) == {"x": '"42"'}
+    # a string either way: qwen3_coder keeps the text (vLLM), GLM reads the JSON string (quotes lost once)
+    assert _args(family, write(x='"42"'), params) == {"x": '"42"' if family == "qwen3_coder" else "42"}
+
+
+# -- The engines' readings (vLLM; SGLang where vLLM is silent): the rules table in docs/families.md ------------------
+GLM = [("glm45", _glm), ("glm47", _glm)]
+ANY_JSON = {"anyOf": [{"type": "string"}, {"description": "any JSON value"}]}  # a branch without a type
+WIDE = {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "boolean"}, {"type": "null"}, {"type": "object"}]}
+JSON_TEXTS = [("7", 7), ("false", False), ("null", None), ('{"ok": false}', {"ok": False})]
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+@pytest.mark.parametrize(("text", "want"), JSON_TEXTS)
+def test_glm_reads_a_value_with_an_untyped_branch_as_json(family, write, text, want):
+    got = _args(family, write(x=text), {"type": "object", "properties": {"x": ANY_JSON}})
+    assert got == {"x": want} and type(got["x"]) is type(want)
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+@pytest.mark.parametrize(("text", "want"), JSON_TEXTS)
+def test_glm_reads_json_a_union_admits_as_json(family, write, text, want):
+    got = _args(family, write(x=text), {"type": "object", "properties": {"x": WIDE}})
+    assert got == {"x": want} and type(got["x"]) is type(want)
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+def test_glm_keeps_the_text_of_json_a_union_does_not_admit(family, write):
+    params = {"type": "object", "properties": {"x": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                                                  "e": {"enum": ["7", 8]}}}
+    assert _args(family, write(x="[1, 2]", e="7"), params) == {"x": "[1, 2]", "e": "7"}
+    assert _args(family, write(x="true", e="8"), params) == {"x": "true", "e": 8}
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+def test_glm_json_string_in_a_union_loses_its_quotes_once(family, write):
+    params = {"type": "object", "properties": {"x": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                                                  "s": {"type": "string"}}}
+    got = _args(family, write(x='"say \\"hi\\""', s='"say \\"hi\\""'), params)
+    # the union reads the JSON string; a string-only parameter keeps its text verbatim (vLLM; SGLang unquotes it)
+    assert got == {"x": 'say "hi"', "s": '"say \\"hi\\""'}
+
+
+@pytest.mark.parametrize("value", ["7", '{"ok": false}', '"quoted"'])
+def test_qwen3_coder_keeps_text_for_untyped_and_string_first_unions_as_vllm_does(value):
+    params = {"type": "object", "properties": {"x": ANY_JSON, "y": {}, "z": WIDE}}
+    assert _args("qwen3_coder", _qwen(x=value, y=value, z=value), params) == {"x": value, "y": value, "z": value}
+
+
+TAGGED = {"type": "object", "oneOf": [
+    {"properties": {"kind": {"const": "json"}, "body": {"type": "object"}, "n": {"type": "integer"}}},
+    {"properties": {"kind": {"const": "text"}, "body": {"type": "string"}, "n": {"type": "string"}}},
+]}
+
+
+@pytest.mark.parametrize(("family", "write"), FAMILIES)
+def test_root_union_branch_is_picked_by_the_sibling_already_read(family, write):
+    got = _args(family, write(kind="text", body='{"x":1}', n="7"), TAGGED)
+    assert got == {"kind": "text", "body": '{"x":1}', "n": "7"}  # the string branch keeps the raw text
+    got = _args(family, write(kind="json", body='{"x":1}', n="7"), TAGGED)
+    assert got == {"kind": "json", "body": {"x": 1}, "n": 7}
+
+
+@pytest.mark.parametrize(("family", "write"), FAMILIES)
+def test_root_union_sibling_written_later_picks_the_branch_too(family, write):
+    # a sibling whose reading needs no branch (a text) counts wherever it is written
+    assert _args(family, write(n="7", body='{"x": 1}', kind="text"), TAGGED) == {"n": "7", "body": '{"x": 1}',
+                                                                                    "kind": "text"}
+
+
+@pytest.mark.parametrize(("family", "write"), FAMILIES)
+def test_root_union_pydantic_discriminated_models(family, write):
+    class Num(BaseModel):
+        kind: Literal["num"]
+        value: int
+
+    class Word(BaseModel):
+        kind: Literal["word"]
+        value: str
+
+    params = {"oneOf": [Num.model_json_schema(), Word.model_json_schema()]}
+    assert _args(family, write(kind="word", value="42"), params) == {"kind": "word", "value": "42"}
+    assert _args(family, write(kind="num", value="42"), params) == {"kind": "num", "value": 42}

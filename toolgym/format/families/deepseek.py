@@ -6,11 +6,7 @@ import json
 import re
 from typing import Any
 
-from toolgym.format.families.common import (
-    json_object,
-    split_reasoning,
-    tag_blocks,
-)
+from toolgym.format.families.common import json_object, section_calls, split_reasoning
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -33,24 +29,9 @@ class _DeepSeekBase(ToolCallParser):
             if _DS_CALL_BEGIN in body:
                 return ParsedTurn(body.strip(), [ToolCall("", raw=body, parse_error=f"{_DS_CALL_BEGIN} outside {_DS_CALLS_BEGIN}")], reasoning)
             return ParsedTurn(body.strip(), [], reasoning)
-        content = body[:start]
-        rest = body[start + len(_DS_CALLS_BEGIN) :]
-        end = rest.find(_DS_CALLS_END)
-        calls: list[ToolCall] = []
-        if end == -1:
-            inner, tail = rest, ""
-        else:
-            inner, tail = rest[:end], rest[end + len(_DS_CALLS_END) :]
-        outside, blocks = tag_blocks(inner, _DS_CALL_BEGIN, _DS_CALL_END)
-        for inner_call, err in blocks:
-            calls.append(ToolCall("", raw=inner_call, parse_error=err) if err else self._decode(inner_call))
-        if any(o.strip() for o in outside):
-            calls.append(ToolCall("", raw=inner, parse_error="unexpected text between DeepSeek tool calls"))
-        if end == -1:
-            calls.append(ToolCall("", raw=rest, parse_error=f"{_DS_CALLS_BEGIN} is not closed by {_DS_CALLS_END}"))
-        elif not blocks:
-            calls.append(ToolCall("", raw=rest, parse_error="empty DeepSeek tool-call section"))
-        return ParsedTurn((content + tail).strip(), calls, reasoning)
+        tags = (_DS_CALLS_BEGIN, _DS_CALLS_END, _DS_CALL_BEGIN, _DS_CALL_END)
+        tail, calls = section_calls(body, start, tags, self._decode, "DeepSeek")
+        return ParsedTurn((body[:start] + tail).strip(), calls, reasoning)
 
     def _decode(self, inner: str) -> ToolCall:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -6,12 +6,9 @@ import json
 import re
 from typing import Any
 
-from toolgym.format.families.common import (
-    ToolCallBlocks,
-    arg_text,
-)
+from toolgym.format.families.common import ToolCallBlocks, render_text_calls
 from toolgym.format.families.qwen3_coder import json_value, python_literal
-from toolgym.format.families.schema_types import SchemaTypedParameters, branch_type, branches, pick_branch
+from toolgym.format.families.schema_types import SchemaTypedParameters, admits, value_types
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -22,27 +19,43 @@ __all__ = ["Glm45Parser"]
 _GLM_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
-def _read(raw: str, spec: Any) -> Any:
-    """A value as vLLM's GLM parsers read it: text for a string branch, else JSON, else a Python literal, else
-    text. ValueError for a literal with no JSON form (vLLM's turn fails there: no call)."""
-    if spec is not None and all(branch_type(b) in ("string", "null") for b in branches(spec)) \
-            and any(branch_type(b) == "string" for b in branches(spec)):
-        return raw
+def _literal(raw: str) -> tuple[bool, Any]:
+    """``(True, value)`` for a JSON text, else for a Python literal with a JSON form; ``(False, None)`` for any
+    other text. ValueError for a literal with no JSON form (vLLM's turn fails there: no call)."""
     try:
-        return json.loads(raw)
+        return True, json.loads(raw)
     except (ValueError, RecursionError):
         pass
     try:
         value = python_literal(raw)
     except ValueError:
+        return False, None
+    return True, json_value(value)
+
+
+def _read(raw: str, spec: Any) -> Any:
+    """A value as the serving engines' GLM parsers read it. A parameter whose every branch is a string (``null``
+    aside) keeps its text verbatim. Any other (no type, a union, one non-string type, outside the schema) is read
+    as JSON, else as a Python literal, and that value is kept when the schema admits its type (:func:`admits`;
+    always when untyped); a value the schema does not admit is the text when a string is admitted (a JSON string
+    loses its quotes once: ``"a\\"b"`` is ``a"b``), else kept for the schema check to report."""
+    types = value_types(spec) if spec is not None else None
+    if types is not None and "string" in types and types <= {"string", "null"}:
         return raw
-    return json_value(value)
+    parsed, value = _literal(raw)
+    if not parsed:
+        return raw
+    if spec is None or admits(spec, value):
+        return value
+    native = value_types(spec, raw)
+    return raw if native is not None and "string" in native else value
 
 
 @register_parser("glm45", "glm47")
 class Glm45Parser(SchemaTypedParameters, ToolCallBlocks, ToolCallParser):
     """GLM-4.5 / 4.6 / 4.7: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>…</tool_call>``
-    (newlines between parts optional). Values are text, converted with the tool's parameter types. The template
+    (newlines between parts optional). Values are text, read with the tool's parameter schemas as the serving
+    engines read them (:func:`_read`; a root union by the siblings already read). The template
     writes no end-of-turn token: the model stops by writing the next header (``<|observation|>`` to call tools,
     ``<|user|>`` to hand back)."""
 
@@ -50,13 +63,6 @@ class Glm45Parser(SchemaTypedParameters, ToolCallBlocks, ToolCallParser):
     template_markers = (("<arg_key>", "<arg_value>"),)
     turn_closed_by_header = True
 
-
-    def _typed(self, tool: str, key: str, raw: str) -> Any:
-        """A value read with its parameter's schema: the union rule of :mod:`schema_types` for a union, else
-        :func:`_read` (a string parameter stays text)."""
-        spec = self.param_schemas.get(tool, {}).get(key)
-        chosen, value = pick_branch(raw, spec, _read)
-        return value if chosen else _read(raw, spec)
 
     def close_token(self, parsed: ParsedTurn) -> str | None:
         return "<|observation|>" if parsed.calls else "<|user|>"
@@ -68,26 +74,20 @@ class Glm45Parser(SchemaTypedParameters, ToolCallBlocks, ToolCallParser):
         if not name or "\n" in name or "<" in name:
             return ToolCall("", raw=raw, parse_error="a GLM <tool_call> must start with the function name")
         rest = "" if cut == -1 else inner[cut:]
-        args: dict[str, Any] = {}
+        pairs: dict[str, str] = {}
         pos = 0
         for m in _GLM_PAIR.finditer(rest):
             if rest[pos : m.start()].strip():
                 return ToolCall(name, raw=raw, parse_error="unexpected text between <arg_key>/<arg_value> pairs")
             key = m.group(1).strip()
-            if key in args:
+            if key in pairs:
                 return ToolCall(name, raw=raw, parse_error=f"argument {key!r} given twice")
-            try:
-                args[key] = self._typed(name, key, m.group(2))
-            except ValueError as e:
-                return ToolCall(name, raw=raw, parse_error=f"argument {key!r} of {name!r}: {e}")
+            pairs[key] = m.group(2)
             pos = m.end()
         if rest[pos:].strip():
             return ToolCall(name, raw=raw, parse_error="an <arg_key> without its <arg_value> (or stray text)")
-        return ToolCall(name, args, raw=raw)
+        return self.typed_call(name, pairs, _read, raw, "argument")
 
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        blocks = []
-        for name, args in calls:
-            pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{arg_text(v)}</arg_value>\n" for k, v in args.items())
-            blocks.append(f"<tool_call>{name}\n{pairs}</tool_call>")
-        return "\n".join(([content] if content else []) + blocks)
+        return render_text_calls(calls, content, "\n", "<tool_call>{name}\n",
+                                 "<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n", "</tool_call>")

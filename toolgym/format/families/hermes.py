@@ -8,7 +8,9 @@ from typing import Any
 from toolgym.format.families.common import (
     JSON_DECODER,
     call_from_obj,
+    render_calls,
     split_reasoning,
+    tag_blocks,
 )
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
@@ -30,34 +32,11 @@ class HermesParser(ToolCallParser):
 
     def _parse(self, text: str) -> ParsedTurn:
         body, reasoning = split_reasoning(text)
-        calls: list[ToolCall] = []
-        content: list[str] = []
-        pos = 0
         o, c = self.open_tag, self.close_tag
-        while True:
-            start = body.find(o, pos)
-            stray = body.find(c, pos)
-            if stray != -1 and (start == -1 or stray < start):
-                content.append(body[pos:stray])
-                calls.append(ToolCall("", raw=c, parse_error=f"{c} without a matching {o}"))
-                pos = stray + len(c)
-                continue
-            if start == -1:
-                content.append(body[pos:])
-                break
-            content.append(body[pos:start])
-            end = body.find(c, start + len(o))
-            nxt = body.find(o, start + len(o))
-            if end == -1 or (nxt != -1 and nxt < end):
-                stop = len(body) if nxt == -1 else nxt
-                raw = body[start:stop]
-                calls.append(ToolCall("", raw=raw, parse_error=f"{o} is not closed by {c}"))
-                pos = stop
-                continue
-            raw = body[start : end + len(c)]
-            calls.append(self._decode(body[start + len(o) : end].strip(), raw))
-            pos = end + len(c)
-        return ParsedTurn("".join(content).strip(), calls, reasoning)
+        outside, blocks = tag_blocks(body, o, c)
+        calls = [ToolCall("", raw=inner, parse_error=err) if err else self._decode(inner.strip(), f"{o}{inner}{c}")
+                 for inner, err in blocks]
+        return ParsedTurn("".join(outside).strip(), calls, reasoning)
 
     @staticmethod
     def _decode(payload: str, raw: str) -> ToolCall:
@@ -74,9 +53,5 @@ class HermesParser(ToolCallParser):
         return call_from_obj(obj, raw, "arguments")
 
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        parts = [content] if content else []
-        for name, args in calls:
-            parts.append(
-                f"{self.open_tag}\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n{self.close_tag}"
-            )
-        return "\n".join(parts)
+        return render_calls(calls, content, "\n", lambda name, args: (
+            f"{self.open_tag}\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n{self.close_tag}"))

@@ -4,9 +4,14 @@ prefix) and DeepSeek-V3.2's DSML (tags prefixed with ``｜DSML｜``)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Invoke", "read_invokes"]
+from toolgym.format.families.common import split_reasoning, tag_blocks
+from toolgym.format.parsers import ParsedTurn
+from toolgym.tools.base import ToolCall
+
+__all__ = ["Invoke", "parse_invoke_blocks", "read_invokes"]
 
 _ATTR = re.compile(r'\s+([A-Za-z_][\w-]*)="([^"<>]*)"')
 
@@ -100,3 +105,25 @@ def read_invokes(inner: str, prefix: str = "") -> tuple[list[Invoke], str | None
                 err = f"an invoke needs a function name, got {attrs['name'][:40]!r}"
             invokes.append(Invoke(name if not err or name else "", params, raw, err))
         pos = end + len(i_close)
+
+
+def parse_invoke_blocks(text: str, open_tag: str, close_tag: str, prefix: str,
+                        call: Callable[[Invoke], ToolCall]) -> ParsedTurn:
+    """A turn whose calls are ``open_tag…close_tag`` blocks of ``<invoke>`` elements (tags prefixed with
+    ``prefix``): each well-formed invoke is read by ``call``; a malformed block or invoke, text between invokes
+    and a block without invokes are parse errors. Reasoning is split off first."""
+    body, reasoning = split_reasoning(text)
+    outside, blocks = tag_blocks(body, open_tag, close_tag)
+    calls: list[ToolCall] = []
+    for inner, err in blocks:
+        if err:
+            calls.append(ToolCall("", raw=inner, parse_error=err))
+            continue
+        invokes, between = read_invokes(inner, prefix)
+        for inv in invokes:
+            calls.append(ToolCall(inv.name, raw=inv.raw, parse_error=inv.error) if inv.error else call(inv))
+        if between:
+            calls.append(ToolCall("", raw=inner, parse_error=between))
+        elif not invokes:
+            calls.append(ToolCall("", raw=inner, parse_error=f"{open_tag} holds no <{prefix}invoke>"))
+    return ParsedTurn("".join(outside).strip(), calls, reasoning)

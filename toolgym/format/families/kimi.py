@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from toolgym.format.families.common import json_object, split_reasoning, tag_blocks
+from toolgym.format.families.common import json_object, section_calls, split_reasoning
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
@@ -40,17 +40,7 @@ class KimiK2Parser(ToolCallParser):
                 bad = ToolCall("", raw=body, parse_error=f"a Kimi call or section end without {SECTION_BEGIN}")
                 return ParsedTurn(body.strip(), [bad], reasoning)
             return ParsedTurn(body.strip(), [], reasoning)
-        rest = body[start + len(SECTION_BEGIN) :]
-        end = rest.find(SECTION_END)
-        inner, tail = (rest, "") if end == -1 else (rest[:end], rest[end + len(SECTION_END) :])
-        outside, blocks = tag_blocks(inner, CALL_BEGIN, CALL_END)
-        calls = [ToolCall("", raw=b, parse_error=err) if err else self._call(b) for b, err in blocks]
-        if any(o.strip() for o in outside):
-            calls.append(ToolCall("", raw=inner, parse_error="unexpected text between Kimi tool calls"))
-        if end == -1:
-            calls.append(ToolCall("", raw=rest, parse_error=f"{SECTION_BEGIN} is not closed by {SECTION_END}"))
-        elif not blocks:
-            calls.append(ToolCall("", raw=rest, parse_error="empty Kimi tool-call section"))
+        tail, calls = section_calls(body, start, (SECTION_BEGIN, SECTION_END, CALL_BEGIN, CALL_END), self._call, "Kimi")
         if SECTION_BEGIN in tail:
             calls.append(ToolCall("", raw=tail, parse_error="a second Kimi tool-call section in one turn"))
         return ParsedTurn((body[:start] + tail).strip(), calls, reasoning)

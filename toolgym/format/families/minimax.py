@@ -7,8 +7,7 @@ import math
 import re
 from typing import Any
 
-from toolgym.format.families.common import split_reasoning, tag_blocks
-from toolgym.format.families.invoke import read_invokes
+from toolgym.format.families.invoke import Invoke, parse_invoke_blocks
 from toolgym.format.families.schema_types import SchemaTypedParameters, branch_type, branches, pick_branch
 from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
@@ -102,23 +101,9 @@ class MiniMaxM2Parser(SchemaTypedParameters, ToolCallParser):
 
 
     def _parse(self, text: str) -> ParsedTurn:
-        body, reasoning = split_reasoning(text)
-        outside, blocks = tag_blocks(body, OPEN, CLOSE)
-        calls: list[ToolCall] = []
-        for inner, err in blocks:
-            if err:
-                calls.append(ToolCall("", raw=inner, parse_error=err))
-                continue
-            invokes, between = read_invokes(inner)
-            for inv in invokes:
-                calls.append(ToolCall(inv.name, raw=inv.raw, parse_error=inv.error) if inv.error else self._call(inv))
-            if between:
-                calls.append(ToolCall("", raw=inner, parse_error=between))
-            elif not invokes:
-                calls.append(ToolCall("", raw=inner, parse_error=f"{OPEN} holds no <invoke>"))
-        return ParsedTurn("".join(outside).strip(), calls, reasoning)
+        return parse_invoke_blocks(text, OPEN, CLOSE, "", self._call)
 
-    def _call(self, inv: Any) -> ToolCall:
+    def _call(self, inv: Invoke) -> ToolCall:
         schemas = self.param_schemas.get(inv.name, {})
         args: dict[str, Any] = {}
         for key, attrs, raw in inv.params:

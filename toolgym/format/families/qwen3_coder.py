@@ -19,7 +19,8 @@ type, nullable parameters read ``null`` / ``None`` as null, a type list (``["int
 as a Python literal when it is one, string types stay text, integers and
 numbers are read as such, booleans must be ``true`` / ``false``, containers are read as JSON and then as Python
 literals (a single-quoted dict, a JSON string holding a Python repr); a parameter the schema does not declare
-stays text. Where vLLM would guess (a boolean that is neither ``true`` nor ``false`` becomes ``false`` there),
+stays text. A tool whose parameters are a root ``oneOf``/``anyOf`` types each value with the parameter sets its
+siblings fit (:meth:`~toolgym.format.families.schema_types.SchemaTypedParameters.read_arguments`). Where vLLM would guess (a boolean that is neither ``true`` nor ``false`` becomes ``false`` there),
 toolgym reports an error instead (:class:`ValueError` from :func:`convert_value`).
 """
 
@@ -30,10 +31,10 @@ import json
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from toolgym.format.families.common import split_reasoning
+from toolgym.format.families.common import ToolCallBlocks, render_text_calls
 from toolgym.format.families.schema_types import (
     SchemaTypedParameters,
     branch_type,
@@ -41,7 +42,7 @@ from toolgym.format.families.schema_types import (
     pick_branch,
     reject_underscored_numbers,
 )
-from toolgym.format.parsers import ParsedTurn, ToolCallParser, register_parser
+from toolgym.format.parsers import ToolCallParser, register_parser
 from toolgym.tools.base import ToolCall
 
 __all__ = [
@@ -64,10 +65,6 @@ _STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 _INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 _FORBIDDEN_IN_NAME = frozenset("{}<>\"' \t\n\r")
 _WS = " \t\n\r"
-
-
-def _arg_text(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False) if isinstance(v, dict | list) else str(v)
 
 
 def skip_ws(text: str, pos: int) -> int:
@@ -287,7 +284,7 @@ def _convert_one(raw: str, spec: Any) -> Any:
 
 
 @register_parser("qwen3_coder", "qwen3_xml")
-class Qwen3CoderParser(SchemaTypedParameters, ToolCallParser):
+class Qwen3CoderParser(SchemaTypedParameters, ToolCallBlocks, ToolCallParser):
     """Qwen3-Coder / Qwen3.5 XML calls. Tags inside values are told from real ones with the tool schema given to
     :meth:`set_tools`, as vLLM does (the rules above). Errors: unclosed ``<tool_call>`` /
     ``<function=`` / ``<parameter=``, a block without ``<function=NAME>``, a name that is not one (empty,
@@ -303,43 +300,9 @@ class Qwen3CoderParser(SchemaTypedParameters, ToolCallParser):
         props = self.param_schemas.get(tool)
         return frozenset(props) if props else None
 
-    def _parse(self, text: str) -> ParsedTurn:
-        body, reasoning = split_reasoning(text)
-        o, c = self._OPEN, self._CLOSE
+    def _block_end(self, body: str) -> Callable[[int], int]:
         scan = TagScanner(body)
-        opens = [m.start() for m in re.finditer(re.escape(o), body)]
-        closes = [m.start() for m in re.finditer(re.escape(c), body)]
-
-        def first(positions: list[int], at: int) -> int:
-            i = bisect_left(positions, at)
-            return positions[i] if i < len(positions) else -1
-
-        outside: list[str] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while True:
-            start, stray = first(opens, pos), first(closes, pos)
-            if stray != -1 and (start == -1 or stray < start):
-                outside.append(body[pos:stray])
-                calls.append(ToolCall("", raw=c, parse_error=f"{c} without a matching {o}"))
-                pos = stray + len(c)
-                continue
-            if start == -1:
-                outside.append(body[pos:])
-                break
-            outside.append(body[pos:start])
-            inner = start + len(o)
-            end = self._structural_end(scan, inner)
-            if end == -1:  # not a well-formed call: up to the first </tool_call>, where _call reports what is wrong
-                end, nxt = first(closes, inner), first(opens, inner)
-                if end == -1 or (nxt != -1 and nxt < end):
-                    stop = len(body) if nxt == -1 else nxt
-                    calls.append(ToolCall("", raw=body[start:stop], parse_error=f"{o} is not closed by {c}"))
-                    pos = stop
-                    continue
-            calls.append(self._call(body[inner:end]))
-            pos = end + len(c)
-        return ParsedTurn("".join(outside).strip(), calls, reasoning)
+        return lambda inner: self._structural_end(scan, inner)
 
     def _structural_end(self, scan: TagScanner, inner: int) -> int:
         """Index of the ``</tool_call>`` closing a well-formed call whose inside starts at ``inner``; -1 if none."""
@@ -367,9 +330,9 @@ class Qwen3CoderParser(SchemaTypedParameters, ToolCallParser):
         name = inner[j + len(self._FUNC) : gt]
         if not valid_function_name(name):
             return ToolCall("", raw=raw, parse_error=f"not a function name in <function=>: {name[:60]!r}")
-        names, schemas = self._names(name), self.param_schemas.get(name, {})
+        names = self._names(name)
         scan = TagScanner(inner + self._CLOSE)  # a value's close may be followed by </tool_call>
-        args: dict[str, Any] = {}
+        pairs: dict[str, str] = {}
         pos, n = gt + 1, len(inner)
         while True:
             pos = skip_ws(inner, pos)
@@ -386,24 +349,16 @@ class Qwen3CoderParser(SchemaTypedParameters, ToolCallParser):
             close = scan.close_of_value(kgt + 1, names)
             if close == -1:
                 return ToolCall(name, raw=raw, parse_error=f"<parameter={key}> is not closed by </parameter>")
-            if key in args:
+            if key in pairs:
                 return ToolCall(name, raw=raw, parse_error=f"parameter {key!r} given twice")
             val = inner[kgt + 1 : close]
             val = val[1:] if val.startswith("\n") else val
-            val = val[:-1] if val.endswith("\n") else val
-            try:
-                args[key] = convert_value(val, schemas.get(key))
-            except ValueError as e:
-                return ToolCall(name, raw=raw, parse_error=f"parameter {key!r} of {name!r}: {e}")
+            pairs[key] = val[:-1] if val.endswith("\n") else val
             pos = close + len(CLOSE_PARAM)
         if inner[pos + len(CLOSE_FUNCTION) :].strip():
             return ToolCall(name, raw=raw, parse_error="unexpected text after </function> in a <tool_call>")
-        return ToolCall(name, args, raw=raw)
+        return self.typed_call(name, pairs, convert_value, raw, "parameter")
 
     def format_calls(self, calls: list[tuple[str, dict[str, Any]]], content: str = "") -> str:
-        blocks = []
-        for name, args in calls:
-            params = "".join(f"<parameter={k}>\n{_arg_text(v)}\n</parameter>\n" for k, v in args.items())
-            blocks.append(f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>")
-        out = "\n".join(blocks)
-        return f"{content}\n\n{out}" if content and out else content or out
+        return render_text_calls(calls, content, "\n\n", "<tool_call>\n<function={name}>\n",
+                                 "<parameter={key}>\n{value}\n</parameter>\n", "</function>\n</tool_call>")

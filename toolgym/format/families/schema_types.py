@@ -10,9 +10,14 @@ References are resolved with ``jsonschema``'s own ``referencing`` registry (the 
 a recursive reference stops being inlined after a few levels (the deeper part stays a ``$ref``, which the
 validator still resolves through :func:`validates`).
 
-**The union rule** (every text-valued family): a value is read with each branch in schema order and the first
+**The union rule** (qwen3_coder, minimax_m2): a value is read with each branch in schema order and the first
 reading that validates against its branch wins; a ``null`` branch takes ``null``/``None``; when no branch
-validates, the first branch's reading is kept (the schema check then reports it).
+validates, the first branch's reading is kept (the schema check then reports it). glm45/glm47 read unions by the
+types they admit instead (:func:`value_types`, :func:`admits`).
+
+**Root unions** (qwen3_coder, glm45/glm47): when a tool's parameters are a root ``oneOf``/``anyOf`` of parameter
+sets, the sibling arguments already read pick the sets a value belongs to (:func:`root_sets`,
+:meth:`SchemaTypedParameters.read_arguments`), as the serving engines do.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from referencing import Registry, Resource
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["SchemaTypedParameters", "branch_type", "branches", "pick_branch", "property_schemas",
-           "reject_underscored_numbers", "validates"]
+from toolgym.tools.base import ToolCall
+
+__all__ = ["ArgumentError", "SchemaTypedParameters", "admits", "branch_type", "branches", "fitting_schema",
+           "pick_branch", "property_schemas", "reject_underscored_numbers", "root_sets", "validates", "value_types"]
 
 _BASE = "urn:toolgym:parameters"
 _MAX_DEPTH = 8
@@ -62,19 +69,99 @@ def _inline(spec: Any, resolver: Any, depth: int = 0) -> Any:
 class SchemaTypedParameters:
     """A parser mixin (listed before ``ToolCallParser``) for the formats that type argument values with the tool's
     schema: :meth:`set_tools` also keeps :attr:`param_schemas`, ``{tool name: {property: resolved schema}}``
-    (:func:`property_schemas`); a tool that declares no property has no entry (its arguments are not checked by
-    name)."""
+    (:func:`property_schemas`; a tool that declares no property has no entry, its arguments are not checked by
+    name), and :attr:`root_unions`, ``{tool name: its root union's parameter sets}`` (:func:`root_sets`; only the
+    tools whose parameters are a root ``oneOf``/``anyOf``)."""
 
     param_schemas: dict[str, dict[str, Any]] = {}  # replaced, never mutated, by set_tools
+    root_unions: dict[str, list[dict[str, Any]]] = {}  # replaced, never mutated, by set_tools
 
     def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
         super().set_tools(schemas)  # type: ignore[misc]
         found: dict[str, dict[str, Any]] = {}
+        unions: dict[str, list[dict[str, Any]]] = {}
         for s in schemas or ():
             f = s.get("function", s) if isinstance(s, Mapping) else {}
             if isinstance(f, Mapping) and isinstance(f.get("name"), str) and (props := property_schemas(f.get("parameters"))):
                 found[f["name"]] = props
-        self.param_schemas = found
+                if sets := root_sets(f.get("parameters")):
+                    unions[f["name"]] = sets
+        self.param_schemas, self.root_unions = found, unions
+
+    def read_arguments(self, tool: str, pairs: Sequence[tuple[str, str]],
+                       read: Callable[[str, Any], Any]) -> dict[str, Any]:
+        """The arguments ``{key: value}`` of a call to ``tool`` from its ``(key, value text)`` pairs, each read by
+        ``read(text, schema)`` (schema ``None``: the tool's schema lacks the key). For a tool with a root union, a
+        key's schema is the declarations of the parameter sets its siblings fit (:func:`fitting_schema`): the
+        siblings already read, and before them every sibling whose reading needs no branch (a text, or a value
+        of a parameter that admits no string). A ValueError from ``read`` is raised as :class:`ArgumentError`, which
+        names the key."""
+        schemas = self.param_schemas.get(tool, {})
+        sets = self.root_unions.get(tool)
+        known: dict[str, Any] = {}
+        if sets and len(pairs) > 1:
+            for key, raw in pairs:
+                try:
+                    value = read(raw, schemas.get(key))
+                except ValueError:
+                    continue
+                types = value_types(schemas.get(key)) if key in schemas else None
+                if isinstance(value, str) or (types is not None and "string" not in types):
+                    known[key] = value
+        args: dict[str, Any] = {}
+        for key, raw in pairs:
+            spec = schemas.get(key)
+            if sets and spec is not None:
+                spec = fitting_schema(key, sets, {k: v for k, v in known.items() if k != key}, spec)
+            try:
+                args[key] = known[key] = read(raw, spec)
+            except ValueError as e:
+                raise ArgumentError(key, str(e)) from None
+        return args
+
+    def typed_call(self, tool: str, pairs: Mapping[str, str], read: Callable[[str, Any], Any], raw: str,
+                   what: str) -> ToolCall:
+        """A call to ``tool`` with the ``{key: value text}`` ``pairs`` read by :meth:`read_arguments`, or with the
+        parse error of the first value that cannot be read (``what``: how the format names an argument)."""
+        try:
+            args = self.read_arguments(tool, list(pairs.items()), read)
+        except ArgumentError as e:
+            return ToolCall(tool, raw=raw, parse_error=f"{what} {e.key!r} of {tool!r}: {e}")
+        return ToolCall(tool, args, raw=raw)
+
+
+class ArgumentError(ValueError):
+    """A value that cannot be read with its schema; :attr:`key` names the argument."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def root_sets(parameters: Any) -> list[dict[str, Any]]:
+    """The parameter sets of a tool's root ``oneOf``/``anyOf``, references inlined: one ``{property: schema}`` per
+    branch (a property the branch lacks but the root declares is the root's); ``[]`` when the root is no union."""
+    if not isinstance(parameters, Mapping):
+        return []
+    root = _inline(parameters, _registry(parameters).resolver(base_uri=_BASE))
+    alts = [a for key in ("oneOf", "anyOf") for a in (root.get(key) if isinstance(root.get(key), list) else ())]
+    if not alts:
+        return []
+    shared = root.get("properties") if isinstance(root.get("properties"), Mapping) else {}
+    return [{**shared, **property_schemas(alt)} for alt in alts if isinstance(alt, Mapping)]
+
+
+def fitting_schema(key: str, sets: Sequence[Mapping[str, Any]], siblings: Mapping[str, Any], merged: Any) -> Any:
+    """The schema of ``key`` given the ``siblings`` already read: the ``anyOf`` of its declarations in the root
+    parameter ``sets`` every sibling fits (a sibling fits a set when the set does not declare it, or admits its
+    value: :func:`admits`); ``merged`` (the schema of all sets) when no fitting set declares ``key``."""
+    decls: list[Any] = []
+    for s in sets:
+        if key in s and s[key] not in decls and all(n not in s or admits(s[n], v) for n, v in siblings.items()):
+            decls.append(s[key])
+    if not decls:
+        return merged
+    return decls[0] if len(decls) == 1 else {"anyOf": decls}
 
 
 def property_schemas(parameters: Any) -> dict[str, Any]:
@@ -141,6 +228,54 @@ def _json_type(value: Any) -> str:
     if value is None:
         return "null"
     return "array" if isinstance(value, list) else "object"
+
+
+_UNSET: Any = object()
+
+
+def _value_kind(value: Any) -> str:
+    """The JSON type of a value, an integral float counting as an integer."""
+    if isinstance(value, float) and value.is_integer():
+        return "integer"
+    return _json_type(value)
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    if _json_type(a) != _json_type(b) and {_json_type(a), _json_type(b)} != {"integer", "number"}:
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def value_types(spec: Any, value: Any = _UNSET) -> frozenset[str] | None:
+    """The JSON types a (resolved) property schema admits, over its union branches (:func:`branches`); a
+    ``number`` admits integers too. ``None``: some branch gives no type (untyped). With ``value``, a branch with
+    ``const``/``enum`` admits only the types of the allowed values equal to it (``enum: ["7", 8]`` admits no
+    integer 7)."""
+    out: set[str] = set()
+    for b in branches(spec):
+        allowed = [b["const"]] if "const" in b else b.get("enum") if isinstance(b.get("enum"), list) else None
+        t = b.get("type")
+        if isinstance(t, str):
+            kinds = {t.strip().lower()}
+        elif allowed is not None:
+            kinds = {_value_kind(v) for v in allowed}
+        else:
+            return None
+        if allowed is not None and value is not _UNSET:
+            kinds &= {_value_kind(v) for v in allowed if _same_json(v, value)}
+        out |= kinds | ({"integer"} if "number" in kinds else set())
+    return frozenset(out)
+
+
+def admits(spec: Any, value: Any) -> bool:
+    """Whether ``value``'s JSON type is one the schema ``spec`` admits for it (:func:`value_types` with the
+    value; an untyped schema admits anything)."""
+    types = value_types(spec, value)
+    return types is None or _value_kind(value) in types
 
 
 def branch_type(spec: Any) -> str | None:
