@@ -97,7 +97,7 @@ def _single_turn(category: str, entry_id: str, text: str) -> dict[str, Any]:
 
 def _bfcl_ast(category: str, entry_id: str, output: list[dict[str, Any]]) -> dict[str, Any]:
     """BFCL's own checker on an answer, called directly (the expected verdict)."""
-    from toolgym.envs.bfcl.verdict import install_model_config_standin
+    from toolgym.envs.bfcl.checkers import install_model_config_standin
 
     install_model_config_standin()
     from bfcl_eval.constants.enums import Language

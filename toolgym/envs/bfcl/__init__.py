@@ -3,7 +3,8 @@
 * :mod:`~toolgym.envs.bfcl.data`: BFCL's categories, entries and splits, read from the ``bfcl-eval`` package;
 * :mod:`~toolgym.envs.bfcl.simulators`: BFCL's multi-turn API simulators, run safely (checked calls, no ``eval``);
 * :mod:`~toolgym.envs.bfcl.worker`: the worker process where an episode's simulators run, under the tool timeout;
-* :mod:`~toolgym.envs.bfcl.verdict`: BFCL's checkers as verdicts, and :class:`BFCLReward`;
+* :mod:`~toolgym.envs.bfcl.checkers`: BFCL's checkers as verdicts;
+* :mod:`~toolgym.envs.bfcl.verdict`: :class:`BFCLReward`, the env's reward;
 * :mod:`~toolgym.envs.bfcl.env`: :class:`BFCLEnv`, the env.
 
 The table over categories (``toolgym eval bfcl``) is :mod:`toolgym.evaluation.bfcl`, with the other evaluations.

@@ -78,6 +78,7 @@ class SimulatorWorker:
     """
 
     def __init__(self) -> None:
+        self._lock = asyncio.Lock()  # one request at a time on the pipe
         self._proc: subprocess.Popen[bytes] | None = None
         self._loaded: SimulatorSession | None = None
         self._finalizer: weakref.finalize | None = None
@@ -102,13 +103,23 @@ class SimulatorWorker:
     async def request(self, session: SimulatorSession, req: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """Send ``req`` for ``session`` (loading it first, by replay, when the process holds another or none) and
         await the reply, at most ``timeout_s`` seconds (:class:`SimulatorTimeout` after killing the process)."""
-        if self._loaded is not session or self._proc is None or self._proc.poll() is not None:
-            n = len(session.history)
-            await self._ask({"op": "open", **session.spec, "replay": session.history}, timeout_s * (1 + n))
-            self._loaded = session
-        return await self._ask(req, timeout_s)
+        async with self._lock:
+            if self._loaded is not session or self._proc is None or self._proc.poll() is not None:
+                n = len(session.history)
+                await self._ask({"op": "open", **session.spec, "replay": session.history}, timeout_s * (1 + n))
+                self._loaded = session
+            return await self._ask(req, timeout_s)
 
-    async def _ask(self, req: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def multi_turn_verdict(self, row: Mapping[str, Any], decoded: Sequence[Sequence[Sequence[str]]],
+                                 timeout_s: float | None = None) -> dict[str, Any]:
+        """BFCL's multi-turn verdict (:func:`~toolgym.envs.bfcl.checkers.multi_turn_verdict`) computed in the
+        process, at most ``timeout_s`` seconds (``None``: until the caller's own time limit cancels it, which kills
+        the process)."""
+        req = {"op": "verdict", "row": dict(row), "decoded": [[list(s) for s in t] for t in decoded]}
+        async with self._lock:
+            return dict((await self._ask(req, timeout_s))["verdict"])
+
+    async def _ask(self, req: Mapping[str, Any], timeout_s: float | None) -> dict[str, Any]:
         proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
         assert proc.stdin is not None and proc.stdout is not None
         try:
@@ -118,7 +129,7 @@ class SimulatorWorker:
                 line = await _read_line(proc.stdout.fileno())
         except TimeoutError:
             self.kill()
-            raise SimulatorTimeout(f"no answer within {timeout_s:g} s") from None
+            raise SimulatorTimeout(f"no answer within {timeout_s} s") from None
         except BaseException:
             self.kill()  # cancelled or a broken pipe: the process's state is unknown
             raise
@@ -176,7 +187,7 @@ class SimulatorSession:
 
     async def check_turn(self, model_results: Sequence[str], truth_results: Sequence[str], turn_index: int,
                          model_called: bool, timeout_s: float) -> dict[str, Any]:
-        """BFCL's checks of one finished user turn (:func:`~toolgym.envs.bfcl.verdict.turn_verdict`)."""
+        """BFCL's checks of one finished user turn (:func:`~toolgym.envs.bfcl.checkers.turn_verdict`)."""
         req = {"op": "check", "model_results": list(model_results), "truth_results": list(truth_results),
                "turn": int(turn_index), "model_called": bool(model_called)}
         return dict((await self.worker.request(self, req, timeout_s))["verdict"])
@@ -187,6 +198,10 @@ def _serve(req: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     from toolgym.envs.bfcl.simulators import APISession
 
     op = req.get("op")
+    if op == "verdict":  # no session: BFCL's checker builds its own instances
+        from toolgym.envs.bfcl.checkers import multi_turn_verdict
+
+        return {"verdict": multi_turn_verdict(req["row"], req["decoded"])}
     if op == "open":
         model = APISession(req["classes"], req["config"], long_context=req["long"])
         truth = APISession(req["classes"], req["config"], long_context=req["long"])
@@ -207,7 +222,7 @@ def _serve(req: Mapping[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     if op == "truth":
         return {"out": truth.call_ground_truth(req["text"])}
     if op == "check":
-        from toolgym.envs.bfcl.verdict import turn_verdict
+        from toolgym.envs.bfcl.checkers import turn_verdict
 
         return {"verdict": turn_verdict(model.instances, truth.instances, req["model_results"], req["truth_results"],
                                         req["turn"], req["model_called"])}
