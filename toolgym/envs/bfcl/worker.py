@@ -120,7 +120,10 @@ class SimulatorWorker:
             return dict((await self._ask(req, timeout_s))["verdict"])
 
     async def _ask(self, req: Mapping[str, Any], timeout_s: float | None) -> dict[str, Any]:
-        proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self.kill()  # reaps one that exited by itself
+            proc = self._start()
         assert proc.stdin is not None and proc.stdout is not None
         try:
             proc.stdin.write(json.dumps(req).encode() + b"\n")
