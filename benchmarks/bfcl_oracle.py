@@ -11,7 +11,7 @@ import collections
 import time
 
 import toolgym  # noqa: F401 - registers the envs
-from toolgym.data.bfcl import load_category, parse_categories
+from toolgym.envs.bfcl.data import load_category, parse_categories
 from toolgym.rollout import RolloutDriver, ScriptedPolicy
 
 

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by make install (docs/bfcl.md)")
 
 import toolgym  # noqa: E402,F401 - registers the envs
-from toolgym.data.bfcl import CATEGORIES, load_category  # noqa: E402
+from toolgym.envs.bfcl.data import CATEGORIES, load_category  # noqa: E402
 from toolgym.rollout import EpisodeState, RolloutDriver, ScriptedPolicy  # noqa: E402
 from toolgym.trajectory import Trajectory  # noqa: E402
 
@@ -97,7 +97,7 @@ def _single_turn(category: str, entry_id: str, text: str) -> dict[str, Any]:
 
 def _bfcl_ast(category: str, entry_id: str, output: list[dict[str, Any]]) -> dict[str, Any]:
     """BFCL's own checker on an answer, called directly (the expected verdict)."""
-    from toolgym.rewards.bfcl import install_model_config_standin
+    from toolgym.envs.bfcl.checkers import install_model_config_standin
 
     install_model_config_standin()
     from bfcl_eval.constants.enums import Language
@@ -298,3 +298,103 @@ def test_a_category_mixture_scores_each_episode_as_its_own_category():
     assert [t.task["bfcl"]["category"] for t in trajs] == [r["category"] for r in rows]
     assert all(t.outcome_reward == 1.0 for t in trajs)
     assert [bool(t.tool_calls) for t in trajs] == [False, False, True, True, True, True]
+
+
+def _oracle_episode_to_end(env: Any) -> dict[str, Any]:
+    """Step ``env`` with its oracle until the episode ends; the last step's info."""
+    from types import SimpleNamespace
+
+    while True:
+        text = env.oracle(SimpleNamespace(task=env.task, turn=0, trajectory=env.trajectory))
+        _, _, terminated, truncated, info = env.step(env.encode_action(text))
+        if terminated or truncated:
+            return info
+
+
+def test_a_slow_simulator_call_times_out_while_other_episodes_keep_stepping():
+    import asyncio
+    from types import SimpleNamespace
+
+    from toolgym import runtime
+
+    # a huge exponent: minutes of one C call that holds the GIL (docs/bfcl.md), after the turn's ground-truth calls
+    slow_row = next(r for r in load_category("multi_turn_base") if "MathAPI" in r["involved_classes"] and any(
+        s.startswith(("mkdir", "mv", "touch")) for s in r["ground_truth"][0]))
+    kw = {"category": "multi_turn_base", "disable_env_checker": True, "executor_kwargs": {"default_timeout_s": 15}}
+    slow, fast = gym.make(ENV, **kw).unwrapped, gym.make(ENV, **kw).unwrapped
+    slow.reset(options={"task": slow_row})
+    fast.reset(options={"task": _multi_turn_row()})
+    calls = [slow.session.keyword_form(s) for s in slow_row["ground_truth"][0]]
+    huge = slow.format.parser.format_calls([*calls, ("power", {"base": 7, "exponent": 100_000_000})])
+
+    async def fast_episode() -> dict[str, Any]:
+        while True:
+            text = fast.oracle(SimpleNamespace(task=fast.task, turn=0, trajectory=fast.trajectory))
+            _, _, terminated, truncated, info = await fast.astep(fast.encode_action(text))
+            if terminated or truncated:
+                return info
+
+    async def both() -> tuple[bool, dict[str, Any], dict[str, Any]]:
+        slow_step = asyncio.ensure_future(slow.astep(slow.encode_action(huge)))
+        fast_info = await fast_episode()
+        still_running = not slow_step.done()
+        return still_running, fast_info, (await slow_step)[-1]
+
+    still_running, fast_info, slow_info = runtime.run_sync(both())
+    assert still_running  # the other episode stepped to its end while the slow call ran
+    assert fast_info["bfcl"]["valid"]
+    kinds = [r["error_kind"] for r in slow_info["results"]]
+    assert kinds == [None] * len(calls) + ["timeout"], kinds
+    assert slow.executor.metrics.errors["timeout"] == 1
+    # the episode goes on in a fresh process that replayed its completed calls: the turn's state check passes
+    info = _oracle_episode_to_end(slow)
+    assert slow.worker.starts == 2
+    assert info["bfcl"]["valid"] and all(info["bfcl"]["turn_passes"]), info["bfcl"]
+    slow.close()
+    fast.close()
+
+
+def test_a_reward_given_to_the_env_is_the_one_it_uses():
+    from toolgym.envs.bfcl import BFCLReward
+    from toolgym.rewards.combine import Combine
+
+    row = _multi_turn_row()
+    seen: list[str] = []
+
+    def calls_made(trajectory: Trajectory, task: dict[str, Any]) -> float:
+        seen.append(task["id"])
+        return float(len(trajectory.tool_calls))
+
+    env = gym.make(ENV, category="multi_turn_base", reward=calls_made, disable_env_checker=True).unwrapped
+    env.reset(options={"task": row})
+    info = _oracle_episode_to_end(env)
+    assert seen == [row["id"]] and info["outcome_reward"] == float(len(info["trajectory"].tool_calls)) > 0
+    assert "bfcl" not in info  # this reward does not ask for BFCL's verdict
+    env.close()
+    env = gym.make(ENV, category="multi_turn_base", reward=Combine({BFCLReward(): 1.0, calls_made: 0.0}),
+                   disable_env_checker=True).unwrapped
+    env.reset(options={"task": row})
+    info = _oracle_episode_to_end(env)
+    assert info["bfcl"]["valid"] and info["outcome_reward"] == 1.0
+    env.close()
+    with pytest.raises(TypeError, match="not a reward"):
+        gym.make(ENV, category="simple_python", reward="bfcl", disable_env_checker=True)
+
+
+def test_the_verdict_is_a_function_of_the_trajectory_and_the_task():
+    from toolgym import runtime
+    from toolgym.envs.bfcl import BFCLReward
+    from toolgym.tools.base import ToolErrorKind
+
+    row = _multi_turn_row()
+    traj, = _run("multi_turn_base", [row], num_envs=1)
+    assert traj.task["bfcl"]["valid"]
+    again = Trajectory.from_dict(json.loads(json.dumps(traj.to_dict())))  # the trajectory as a file holds it
+    del again.task["bfcl"]
+    score = runtime.run_sync(BFCLReward().outcome(again, again.task))
+    assert score.value == 1.0 and again.task["bfcl"] == traj.task["bfcl"]
+    # the same trajectory, its last action's calls undone: BFCL's checker says the state differs
+    last = max(i for i, t in enumerate(again.turns) if t.calls)
+    again.turns[last].results = [type(r)(r.call, r.content, ToolErrorKind.TIMEOUT) for r in again.turns[last].results]
+    score = runtime.run_sync(BFCLReward().outcome(again, again.task))
+    assert score.value == 0.0 and again.task["bfcl"]["error_type"].startswith("multi_turn:")

@@ -40,7 +40,7 @@ ENVS: dict[str, tuple[str, str]] = {
         "arithmetic word problems with a sandboxed Python tool; reward = exact numeric answer",
     ),
     "toolgym/BFCL-v0": (
-        "toolgym.envs.bfcl:BFCLEnv",
+        "toolgym.envs.bfcl.env:BFCLEnv",
         "Berkeley Function Calling Leaderboard categories (category=...); reward = BFCL's own checker verdict",
     ),
     "toolgym/MCP-v0": (

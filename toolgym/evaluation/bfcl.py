@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.data.bfcl import AST_CATEGORIES, GROUPS, IRRELEVANCE_CATEGORIES, MULTI_TURN_CATEGORIES, parse_categories
+from toolgym.envs.bfcl.data import (
+    AST_CATEGORIES,
+    GROUPS,
+    IRRELEVANCE_CATEGORIES,
+    MULTI_TURN_CATEGORIES,
+    parse_categories,
+)
 
 __all__ = ["GROUPS", "BFCLReport", "evaluate_bfcl", "parse_categories", "summary_columns"]
 
@@ -96,7 +102,7 @@ def evaluate_bfcl(
     the entries with these ids (a fixed subset, e.g. a hashed sample), before ``tasks`` draws from what is left."""
     import numpy as np
 
-    from toolgym.data.bfcl import load_category
+    from toolgym.envs.bfcl.data import load_category
     from toolgym.evaluation import evaluate, wilson_interval
 
     cats = parse_categories(categories)

@@ -9,28 +9,34 @@ rendered in the policy's own chat format like any toolgym tool; names are mapped
   ``irrelevance`` / ``live_irrelevance``: the right answer is no call.
 * **Multi-turn** (``multi_turn_base``, ``multi_turn_miss_func``, ``multi_turn_miss_param``,
   ``multi_turn_long_context``): each episode builds its own simulator instances from the entry's ``initial_config``
-  (:class:`toolgym.tools.bfcl_api.APISession`); the calls of one action run in the order written and their results
-  come back as tool messages; an assistant turn without a call ends the user turn and the env answers with the next
-  user message. At the turn where BFCL reveals held-out functions (``multi_turn_miss_func``) the message is BFCL's
+  (:class:`toolgym.envs.bfcl.simulators.APISession`), in the env's worker process
+  (:mod:`toolgym.envs.bfcl.worker`); the calls of one action run in the order written, each under the executor's
+  tool timeout (``executor_kwargs={"default_timeout_s": ...}``), and their results come back as tool messages; an
+  assistant turn without a call ends the user turn and the env answers with the next user message. At the turn where
+  BFCL reveals held-out functions (``multi_turn_miss_func``) the message is BFCL's
   (the functions' docs, then "I have updated some more functions you can choose from. What about now?"). As in
   BFCL's executor, any public method of the entry's classes runs when called (its name is checked against the
-  simulator's methods; nothing is ``eval``'d). More than BFCL's step limit (20) of steps with calls in one user turn ends the episode
-  (BFCL's force-quit: the entry fails).
+  simulator's methods; nothing is ``eval``'d). More than BFCL's step limit (20) of steps with calls in one user turn
+  ends the episode (BFCL's force-quit: the entry fails).
 
-Reward (:mod:`toolgym.rewards.bfcl`): outcome 1.0 exactly when BFCL's checker says valid; the verdict
-(``valid``, ``error_type``, ``error``, ``truncated``) is ``info["bfcl"]`` on the last step and
+Reward (:class:`toolgym.envs.bfcl.verdict.BFCLReward`): outcome 1.0 exactly when BFCL's checker says valid; the
+verdict (``valid``, ``error_type``, ``error``, ``truncated``) is ``info["bfcl"]`` on the last step and
 ``trajectory.task["bfcl"]``. Multi-turn also has a process reward: each user turn with a non-empty ground truth
-earns ``1 / (number of such turns)`` when BFCL's state and response checks pass for it.
+earns ``1 / (number of such turns)`` when BFCL's state and response checks pass for it. A ``reward=`` given to the
+env replaces it (e.g. ``Combine({BFCLReward(): 1.0, my_reward: 0.1})``); ``info["bfcl"]`` is there when that reward
+computes BFCL's verdict.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from toolgym.data.bfcl import (
+from toolgym.envs.base import TRUNCATED_MARK, ToolEnv
+from toolgym.envs.bfcl.data import (
     CATEGORIES,
     category_kind,
     dumps_functions,
@@ -38,12 +44,11 @@ from toolgym.data.bfcl import (
     parse_categories,
     to_tool_schema,
 )
-from toolgym.envs.base import ToolEnv
-from toolgym.rewards.base import Reward, Score
-from toolgym.rewards.bfcl import ast_verdict, irrelevance_verdict, multi_turn_verdict, turn_verdict
+from toolgym.envs.bfcl.simulators import CallRejected, check_call
+from toolgym.envs.bfcl.verdict import TURN_CHECKS, BFCLReward, ran_calls
+from toolgym.envs.bfcl.worker import SimulatorSession, SimulatorTimeout, SimulatorWorker
 from toolgym.tools.base import ToolErrorKind, ToolResult, error_text
-from toolgym.tools.bfcl_api import APISession, CallRejected, call_string, check_call
-from toolgym.trajectory import Trajectory, Turn
+from toolgym.trajectory import Turn
 
 __all__ = ["BUDGETS", "STEP_LIMIT", "BFCLEnv"]
 
@@ -93,39 +98,23 @@ def _literal(value: Any, type_name: str, language: str) -> Any:
     return value
 
 
-class _Verdict(Reward):
-    """BFCL's verdict as a reward: the env computes it; this reads it (one instance per env)."""
-
-    def __init__(self, env: BFCLEnv) -> None:
-        self.env = env
-        self.per_turn = "multi_turn" in env.kinds
-
-    async def outcome(self, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
-        v = self.env.finish_verdict(trajectory)
-        return Score(1.0 if v["valid"] else 0.0, {"bfcl_valid": float(v["valid"])})
-
-    async def turn(self, turn: Turn, trajectory: Trajectory, task: Mapping[str, Any]) -> Score:
-        passed = self.env.pop_turn_pass()
-        if passed is None:
-            return Score(0.0, {})
-        return Score(self.env.turn_share if passed else 0.0, {"bfcl_turn_pass": float(passed)})
-
-
 class BFCLEnv(ToolEnv):
     """One BFCL category as an env.
 
     Args:
-        category: a category of :data:`toolgym.data.bfcl.CATEGORIES`, or several (a comma-separated string or a
-            list of names and groups of :data:`toolgym.data.bfcl.GROUPS`, e.g. ``"single_turn"``): a training
+        category: a category of :data:`toolgym.envs.bfcl.data.CATEGORIES`, or several (a comma-separated string or
+            a list of names and groups of :data:`toolgym.envs.bfcl.data.GROUPS`, e.g. ``"single_turn"``): a training
             mixture whose episodes draw from all of them (each episode is scored as its entry's category).
         split: ``"all"`` (the leaderboard's set), ``"train"`` or ``"test"`` (by a hash of the entry id).
         max_episode_tokens: token budget (default :data:`BUDGETS` of the category's kind).
         step_limit: steps with calls allowed per user turn (BFCL's 20).
+        reward: the episode's reward (default :class:`~toolgym.envs.bfcl.verdict.BFCLReward`, BFCL's verdict).
         **kwargs: :class:`~toolgym.envs.base.ToolEnv` options (tokenizer, parser, ...).
     """
 
     def __init__(self, category: str | Sequence[str] = "simple_python", split: str = "all",
-                 max_episode_tokens: int | None = None, step_limit: int = STEP_LIMIT, **kwargs: Any) -> None:
+                 max_episode_tokens: int | None = None, step_limit: int = STEP_LIMIT, reward: Any = None,
+                 **kwargs: Any) -> None:
         names = [category] if isinstance(category, str) and "," not in category and category in CATEGORIES else (
             parse_categories(category))
         self.categories = list(names)
@@ -138,9 +127,11 @@ class BFCLEnv(ToolEnv):
             raise ValueError(f"BFCL category {category!r} has no entries in split {split!r}")
         n_user_turns = max(len(r["question"]) for r in rows)
         max_turns = 1 if "multi_turn" not in self.kinds else n_user_turns * (self.step_limit + 1) + 1
-        kwargs.pop("reward", None)
+        if reward is None:
+            reward = BFCLReward(self.step_limit, per_turn="multi_turn" in self.kinds)
         kwargs.setdefault("max_obs_tokens", 1024)
-        super().__init__(rows, (), reward=_Verdict(self), max_turns=kwargs.pop("max_turns", max_turns),
+        self.worker = SimulatorWorker()
+        super().__init__(rows, (), reward=reward, max_turns=kwargs.pop("max_turns", max_turns),
                          max_episode_tokens=max_episode_tokens or max(BUDGETS[k] for k in self.kinds), **kwargs)
         self._reset_episode()
 
@@ -150,19 +141,20 @@ class BFCLEnv(ToolEnv):
         self.user_turn = 0
         self.steps_in_turn = 0
         self.force_quit = False
-        self.decoded: list[list[list[str]]] = []  # per finished user turn, per step: the call strings
-        self._steps: list[list[str]] = []  # the current user turn's steps
+        self._steps: list[list[str]] = []  # the current user turn's steps: the call strings that ran
         self._results: list[str] = []  # every executed call's result, all turns (BFCL's response check)
-        self._turn_pass: bool | None = None
         self.turn_passes: list[bool] = []
-        self.session: APISession | None = None
-        self.truth: APISession | None = None
-        self.allowed: list[str] = []
+        self.session: SimulatorSession | None = None
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The current entry's functions as tool specs (none before the first reset)."""
         return list(self.task.get("tools", [])) if self.task else []
+
+    @property
+    def tool_timeout_s(self) -> float:
+        """Seconds one simulator call may take: the executor's ``default_timeout_s``."""
+        return float(self.executor.default_timeout_s)
 
     def build_messages(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The entry's first user turn (BFCL's messages, a system message included when the entry has one)."""
@@ -176,24 +168,13 @@ class BFCLEnv(ToolEnv):
             raise ValueError(f"task {task.get('id')!r} is not an entry of {', '.join(self.categories)}")
         self.category, self.kind = task["category"], task["kind"]
         if self.kind == "multi_turn":
-            long = "long_context" in self.category
-            self.session = APISession(task["involved_classes"], task["initial_config"], long_context=long)
-            self.truth = APISession(task["involved_classes"], task["initial_config"], long_context=long)
-            # BFCL's executor runs any public method of the entry's classes (a held-out function too, before it is
-            # revealed); so does this env: the names are checked against the simulator's methods, never eval'd
-            self.allowed = sorted(self.session.methods)
+            # built in the worker process on the first call; BFCL's executor runs any public method of the entry's
+            # classes (a held-out function too, before it is revealed); so does this env: the names are checked
+            # against the simulators' methods, never eval'd
+            self.session = SimulatorSession(self.worker, task["involved_classes"], task["initial_config"],
+                                            long_context="long_context" in self.category)
+            task[TURN_CHECKS] = []
         return obs, info
-
-    @property
-    def turn_share(self) -> float:
-        """The process reward of one passing user turn: 1 / (turns with a non-empty ground truth)."""
-        n = sum(1 for t in self.task.get("ground_truth", []) if t)
-        return 1.0 / n if n else 0.0
-
-    def pop_turn_pass(self) -> bool | None:
-        """Whether the user turn that ended this step passed BFCL's checks (``None``: no checked turn ended)."""
-        p, self._turn_pass = self._turn_pass, None
-        return p
 
     # -- the environment's answer ------------------------------------------------------------------
     async def env_response(self, turn: Turn) -> list[dict[str, Any]] | None:
@@ -201,29 +182,44 @@ class BFCLEnv(ToolEnv):
             return None  # single-turn: the calls are checked, never run
         good = [c for c in turn.calls if c.parse_error is None]
         if not good:
-            return self._end_user_turn()
+            return await self._end_user_turn(turn)
         assert self.session is not None
-        results, step = [], []
+        timeout = self.tool_timeout_s
+        allowed = await self.session.open(timeout)
+        metrics = self.executor.metrics
+        results = []
         for c in turn.calls:
             if c.parse_error is not None:
                 results.append(ToolResult(c, error_text(ToolErrorKind.PARSE_ERROR, c.parse_error),
                                           ToolErrorKind.PARSE_ERROR))
                 continue
             try:
-                name, args = check_call(c.name, c.arguments, self.allowed)
+                name, args = check_call(c.name, c.arguments, list(allowed))
             except CallRejected as e:
-                kind = ToolErrorKind.UNKNOWN_TOOL if c.name not in self.allowed else ToolErrorKind.INVALID_ARGUMENTS
+                kind = ToolErrorKind.UNKNOWN_TOOL if c.name not in allowed else ToolErrorKind.INVALID_ARGUMENTS
                 results.append(ToolResult(c, error_text(kind, str(e)), kind))
                 continue
-            out = self.session.call(name, args)  # in the order written: the calls of one action change state
-            step.append(call_string(name, args))
+            t0 = time.perf_counter()
+            try:  # in the order written: the calls of one action change state
+                out = await self.session.call(name, args, timeout)
+            except SimulatorTimeout:
+                why = error_text(ToolErrorKind.TIMEOUT, f"tool {name!r} timed out after {timeout:g} s")
+                results.append(ToolResult(c, why, ToolErrorKind.TIMEOUT, time.perf_counter() - t0, attempts=1))
+                continue
             self._results.append(out)
             failed = out.startswith("Error during execution")
-            results.append(ToolResult(c, out, ToolErrorKind.EXCEPTION if failed else None, attempts=1))
-        for r in results:
+            results.append(ToolResult(c, out, ToolErrorKind.EXCEPTION if failed else None, time.perf_counter() - t0,
+                                      attempts=1))
+        for r in results:  # the executor's metrics count simulator calls like any tool call
+            metrics.calls[r.call.name or "<unparsed>"] += 1
+            if r.error_kind is not None:
+                metrics.errors[r.error_kind.value] += 1
+            if r.attempts:
+                metrics.latencies_s[r.call.name].append(r.latency_s)
             if len(r.content) > self.max_obs_chars:
-                r.content = r.content[: self.max_obs_chars] + " …[truncated]"
+                r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK
         turn.results = results
+        step = ran_calls(turn)
         if step:
             self._steps.append(step)
         self.steps_in_turn += 1
@@ -232,18 +228,18 @@ class BFCLEnv(ToolEnv):
             return None
         return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in results]
 
-    def _end_user_turn(self) -> list[dict[str, Any]] | None:
-        """Close the current user turn (BFCL's per-turn checks) and answer with the next one (``None``: done)."""
-        assert self.session is not None and self.truth is not None
+    async def _end_user_turn(self, turn: Turn) -> list[dict[str, Any]] | None:
+        """Close the current user turn (BFCL's per-turn checks, recorded under ``task[TURN_CHECKS]`` for the
+        reward) and answer with the next one (``None``: done)."""
+        assert self.session is not None
         k = self.user_turn
-        self.decoded.append(self._steps)
         truth = self.task["ground_truth"][k]
-        truth_results = [self.truth.call_ground_truth(s) for s in truth]
         if truth:
-            v = turn_verdict(self.session.instances, self.truth.instances, self._results, truth_results, k,
-                             model_called=any(self._steps))
-            self._turn_pass = v["valid"]
-            self.turn_passes.append(v["valid"])
+            timeout = self.tool_timeout_s
+            truth_results = [await self.session.call_ground_truth(s, timeout) for s in truth]
+            v = await self.session.check_turn(self._results, truth_results, k, any(self._steps), timeout)
+            self.turn_passes.append(bool(v["valid"]))
+            self.task[TURN_CHECKS].append({"turn": turn.index, "user_turn": k, **v})
         self._steps, self.steps_in_turn = [], 0
         self.user_turn = k = k + 1
         question = self.task["question"]
@@ -258,39 +254,19 @@ class BFCLEnv(ToolEnv):
             return [{"role": "user", "content": text}]
         return [dict(m) for m in question[k]]
 
-    # -- verdict -----------------------------------------------------------------------------------
-    def finish_verdict(self, trajectory: Trajectory) -> dict[str, Any]:
-        """BFCL's verdict on the finished episode (also stored as ``info["bfcl"]`` and ``trajectory.task["bfcl"]``)."""
-        if self.verdict is not None:
-            return self.verdict
-        task = self.task
-        if self.kind == "multi_turn":
-            v = multi_turn_verdict(task, self.decoded) if not self.force_quit else {
-                "valid": False, "error_type": "multi_turn:force_terminated",
-                "error": f"more than {self.step_limit} steps in turn {self.user_turn}"}
-        else:
-            calls = trajectory.turns[-1].calls if trajectory.turns else []
-            good = [c for c in calls if c.parse_error is None]
-            if self.kind == "irrelevance":
-                v = irrelevance_verdict(len(good))
-            else:
-                names = task["name_map"]
-                v = ast_verdict(task, [(names.get(c.name, c.name), c.arguments) for c in good],
-                                parse_failed=len(good) < len(calls))
-        cut = trajectory.truncated or len(trajectory.prompt_ids) >= self.max_episode_tokens or any(
-            t.cut for t in trajectory.turns)
-        v = {**v, "truncated": bool(cut), "category": self.category, "id": task.get("id")}
-        if self.kind == "multi_turn":
-            v["turn_passes"] = list(self.turn_passes)
-        self.verdict = v
-        trajectory.task["bfcl"] = v
-        return v
-
     async def astep(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = await super().astep(action)
-        if (terminated or truncated) and self.verdict is not None:
-            info["bfcl"] = dict(self.verdict)
+        if terminated or truncated:
+            v = self.trajectory.task.get("bfcl") if self.trajectory is not None else None
+            if v is not None:
+                self.verdict = dict(v)
+                info["bfcl"] = dict(v)
         return obs, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """Stop the simulator process and close the executor this env owns."""
+        self.worker.kill()
+        super().close()
 
     # -- oracle ------------------------------------------------------------------------------------
     def oracle(self, state: Any) -> str:

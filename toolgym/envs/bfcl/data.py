@@ -9,7 +9,7 @@ task row.
 The package is installed without its declared dependencies (``pip install --no-deps bfcl-eval``: they include torch,
 CUDA wheels and five API SDKs that no checker imports). Its AST checker imports ``bfcl_eval.constants.model_config``,
 which imports every model handler (and so every API SDK) for one mapping: ``MODEL_CONFIG_MAPPING[model].
-underscore_to_dot``. :func:`toolgym.rewards.bfcl.install_model_config_standin` puts a stand-in for that one module into ``sys.modules``
+underscore_to_dot``. :func:`toolgym.envs.bfcl.checkers.install_model_config_standin` puts a stand-in for that one module into ``sys.modules``
 before the checker is imported: a mapping that answers ``underscore_to_dot=False`` for any model name. toolgym maps the
 tool names back to BFCL's dotted names itself before checking (each row's ``name_map``), so ``False`` (compare the
 original names) is the right answer for every call. docs/bfcl.md explains the choice.

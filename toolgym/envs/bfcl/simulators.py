@@ -1,5 +1,6 @@
 """BFCL's multi-turn API simulators (GorillaFileSystem, TwitterAPI, MessageAPI, TicketAPI, TradingBot, TravelAPI,
 VehicleControlAPI, MathAPI), run safely: one fresh set of instances per episode, methods called directly.
+The instances live in a worker process (:mod:`toolgym.envs.bfcl.worker`), where a slow call can be stopped.
 
 BFCL's own executor (``bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils.execute_multi_turn_func_call``)
 keeps its instances in module globals keyed by model name and entry id (two episodes of one entry would share
@@ -25,7 +26,8 @@ import keyword
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["APISession", "CallRejected", "call_string", "check_call", "parse_ground_truth"]
+__all__ = ["APISession", "CallRejected", "call_string", "check_call", "keyword_form", "parse_ground_truth",
+           "simulator_classes"]
 
 #: names BFCL's executor refuses to run (it raises "Function call X is not allowed.")
 _REFUSED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
@@ -145,6 +147,26 @@ class APISession:
     def keyword_form(self, text: str) -> tuple[str, dict[str, Any]]:
         """A ground-truth call string as ``(name, keyword arguments)`` (positional ones named from the method's
         signature): the call a model writes in a function-calling format (oracles use it)."""
-        name, args, kwargs = parse_ground_truth(text)
-        bound = inspect.signature(self._method(name)).bind(*args, **kwargs)
-        return name, dict(bound.arguments)
+        return keyword_form(self.instances.values(), text)
+
+
+def simulator_classes(involved_classes: Sequence[str]) -> list[type]:
+    """The simulator classes of an entry (imported, never instantiated)."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    return [getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[c]), c) for c in involved_classes]
+
+
+def keyword_form(owners: Any, text: str) -> tuple[str, dict[str, Any]]:
+    """A ground-truth call string as ``(name, keyword arguments)``, positional arguments named from the signature of
+    the method of that name on the last of ``owners`` (simulator classes or instances) that has it, as
+    :attr:`APISession.methods` resolves a name two classes share."""
+    name, args, kwargs = parse_ground_truth(text)
+    for owner in reversed(list(owners)):
+        fn = getattr(owner, name, None)
+        if fn is not None and not name.startswith("_"):
+            sig = inspect.signature(fn)
+            if isinstance(owner, type):  # a plain function on the class: its first parameter is ``self``
+                sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+            return name, dict(sig.bind(*args, **kwargs).arguments)
+    raise ValueError(f"no simulator method named {name!r}")

@@ -9,9 +9,11 @@
   multi-turn runner calls it (fewer turns than the entry has: ``multi_turn:force_terminated``). The checker runs every
   call through BFCL's executor, which caches instances in module globals under the model name and ``eval``s the
   call strings: every check here gets its own model name (a fresh UUID, its globals removed afterwards), and the
-  strings are those :func:`toolgym.tools.bfcl_api.call_string` wrote for checked calls, never the model's text.
+  strings are those :func:`toolgym.envs.bfcl.simulators.call_string` wrote for checked calls, never the model's text.
 * :func:`turn_verdict`: BFCL's per-turn state and response checks (``state_checker``, ``response_checker``) for one
-  turn of a running episode: the multi-turn process reward.
+  turn of a running episode: the multi-turn process reward (run in the worker process, where the simulators live).
+
+:mod:`toolgym.envs.bfcl.verdict` turns them into the env's reward.
 
 A verdict is ``{"valid": bool, "error_type": str | None, "error": str}``.
 """
@@ -102,7 +104,7 @@ def ast_verdict(row: Mapping[str, Any], calls: Sequence[tuple[str, Any]], parse_
     """BFCL's AST verdict for one single-turn answer.
 
     Args:
-        row: the task row (:func:`toolgym.data.bfcl.load_category`): ``functions``, ``ground_truth``, ``name_map``,
+        row: the task row (:func:`toolgym.envs.bfcl.data.load_category`): ``functions``, ``ground_truth``, ``name_map``,
             ``category``.
         calls: the decoded calls, ``(tool name, arguments)`` in the order written (tool names as shown to the
             model; mapped back to BFCL's names here).
@@ -139,7 +141,7 @@ def multi_turn_verdict(row: Mapping[str, Any], decoded: Sequence[Sequence[Sequen
     Args:
         row: the task row (``id``, ``initial_config``, ``involved_classes``, ``ground_truth``, ``category``).
         decoded: per user turn, per step with calls, the call strings of that step (checked calls only, written by
-            :func:`~toolgym.tools.bfcl_api.call_string`). Fewer turns than the entry has = the episode stopped early.
+            :func:`~toolgym.envs.bfcl.simulators.call_string`). Fewer turns than the entry has = the episode stopped early.
     """
     truth = row["ground_truth"]
     if len(decoded) != len(truth):
