@@ -68,7 +68,7 @@ def ood_ids(n_ast: int, n_irrelevance: int) -> dict[str, list[str]]:
     """The out-of-distribution subset: among the ``test`` entries of the live AST categories (pooled), the
     ``n_ast`` whose SHA-256 of ``"category:id"`` is smallest, and the ``n_irrelevance`` such entries of
     ``live_irrelevance``; ``{category: [ids]}``. A fixed function of BFCL's data (a given ``bfcl-eval``)."""
-    from toolgym.data.bfcl import load_category
+    from toolgym.envs.bfcl.data import load_category
 
     def h(cat: str, i: str) -> str:
         return hashlib.sha256(f"{cat}:{i}".encode()).hexdigest()
@@ -227,7 +227,7 @@ def protocol(args: argparse.Namespace) -> dict[str, Any]:
 
 def eval_plan(proto: dict[str, Any], tag: str, parent_key: str | None) -> list[dict[str, Any]]:
     """The evaluation stages of one checkpoint (``tag``: ``untrained`` / ``warmstart-seed0`` / ...)."""
-    from toolgym.data.bfcl import load_category
+    from toolgym.envs.bfcl.data import load_category
 
     plan = []
     ood = ood_ids(proto["ood"]["ast"], proto["ood"]["irrelevance"])
