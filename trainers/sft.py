@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.checkpoint import autocast_context
+from toolgym.precision import autocast_context
 from toolgym.resources import trim_heap as toolgym_trim_heap
 from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
-from trainers.contract import RunResult
+from trainers.contract import RunResult, save_trained
 from trainers.runconfig import opt
 
 __all__ = [
@@ -299,8 +299,7 @@ def train_sft(
     trainer.train()
     model.eval()
     if save:
-        trainer.save_model(str(output_dir))
-        tokenizer.save_pretrained(str(output_dir))
+        save_trained(trainer, tokenizer, output_dir)
     return trainer
 
 
@@ -410,8 +409,7 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     trainer.train()
     model.eval()
     if config.save_model:
-        trainer.save_model(str(out))
-        tokenizer.save_pretrained(str(out))
+        save_trained(trainer, tokenizer, out)
         _record_run_settings(config, out, autocast="bfloat16" if args.bf16 else None)
     metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
                "global_step": int(trainer.state.global_step),
@@ -477,8 +475,7 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
           f"{summarize(every)}")
     out, traj_path = _write_kept(config, args, kept_all)
     if config.save_model:
-        model.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
+        save_trained(model, tokenizer, out)
         _record_run_settings(config, out, autocast=None)  # masked SFT here runs without autocast
     metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
                "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}
