@@ -1,6 +1,6 @@
-"""A checkpoint's weights before anything uses them: a truncated, empty or missing weights file is refused by
-`toolgym registry register` and `toolgym eval --policy DIR` with exit 3 and the file's name (real tiny checkpoints,
-damaged on disk)."""
+"""A checkpoint's weights before anything uses them: a truncated, empty or missing weights file, or a config file
+that is not a JSON object, is refused by `toolgym registry register` and `toolgym eval --policy DIR` with exit 3 and
+the file's name (real tiny checkpoints, damaged on disk)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,21 @@ def test_register_and_eval_refuse_a_truncated_checkpoint_naming_the_file(ckpt, t
                       "--no-progress", "--json")
     assert rc == ExitCode.INPUT and name in err and err.count("\n") == 1, (rc, err)
     assert not (tmp_path / "runs" / "mlflow.db").exists() or _cli(capsys, "registry", "list", "m")[0] == ExitCode.USAGE
+
+
+@pytest.mark.parametrize(("name", "text", "why"), [("config.json", '{"model_type": "llama",', "not valid JSON"),
+                                                    ("tokenizer_config.json", "[1, 2]", "not a JSON object")])
+def test_eval_refuses_a_malformed_config_file_naming_it(ckpt, tmp_path, capsys, name, text, why):
+    """A checkpoint whose config.json (or tokenizer config) is not a JSON object: exit 3, one line naming the file,
+    before transformers reads it (its own error is an OSError, exit 1)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt, bad)
+    (bad / name).write_text(text)
+    with pytest.raises(WeightsError, match=why):
+        check_weights(bad)
+    rc, _, err = _cli(capsys, "eval", "calculator", "--policy", str(bad), "--tasks", "1", "--max-new-tokens", "4",
+                      "--no-progress", "--json")
+    assert rc == ExitCode.INPUT and str(bad / name) in err and why in err and err.count("\n") == 1, (rc, err)
 
 
 def _eval_json(capsys, tmp_path: Path, policy: str, name: str) -> Path:
