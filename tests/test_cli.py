@@ -87,7 +87,11 @@ def test_rollout_tiny_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert len(rows) == 2
     for r in rows:
         assert len(r["completion_ids"]) == len(r["loss_mask"]) > 0
-        assert all(len(t["text"]) >= 0 for t in r["turns"])
+        spans = [(*t["action_span"], *t["obs_span"]) for t in r["turns"]]
+        ends = [0] + [s[3] for s in spans]  # the turns tile the completion: action, then observation
+        assert [s[0] for s in spans] == ends[:-1] and ends[-1] == len(r["completion_ids"])
+        assert all(a < b <= c <= d for a, b, c, d in spans)
+        assert all(r["loss_mask"][s[0]] == 1 for s in spans)  # an action starts with a sampled token
         assert r["logprobs"] is not None and len(r["logprobs"]) == len(r["completion_ids"])
         assert sum(r["loss_mask"]) <= 6 * len(r["turns"])  # the per-turn budget holds
     # seeded: the same command gives the same trajectories
