@@ -161,6 +161,20 @@ def make_optimizer(params: Sequence[Any], name: str, *, lr: float) -> Any:
     raise ValueError(f"unknown optim {name!r} (one of {', '.join(OPTIMIZERS)})")
 
 
+def make_scheduler(opt: Any, schedule: str, *, lr: float, steps: int) -> Any:
+    """The learning-rate schedule of :func:`masked_sft` over ``steps`` optimizer steps: ``"linear"`` (decay to 0),
+    ``"constant"`` or ``"onecycle"`` (10% warm-up to ``lr``, cosine down)."""
+    import torch
+
+    if schedule == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    if schedule == "linear":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1.0 - k / steps))
+    if schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+    raise ValueError(f"masked_sft: unknown schedule {schedule!r} (linear, constant, onecycle)")
+
+
 def masked_sft(
     model: Any,
     trajectories: Sequence[Trajectory | Mapping[str, Any]],
@@ -183,8 +197,7 @@ def masked_sft(
 
     Each step draws ``batch_size`` trajectories without replacement (a seeded permutation, reshuffled per epoch),
     takes one AdamW step (no weight decay) on :func:`masked_sft_loss`, clips the gradient norm to
-    ``max_grad_norm``. ``schedule``: ``"linear"`` (decay to 0, like ``transformers``' default), ``"constant"``,
-    or ``"onecycle"`` (10% warm-up, cosine down). ``on_step(step, loss)`` is called after each step.
+    ``max_grad_norm``; ``schedule``: :func:`make_scheduler`'s. ``on_step(step, loss)`` is called after each step.
     ``micro_batch_size``: run each step's forward/backward in chunks of this many trajectories and accumulate the
     gradient (each chunk's loss weighted by its share of the step's policy tokens, so the step's loss and gradient
     are those of the whole batch up to float rounding); bounds activation memory. ``None``: the whole batch.
@@ -204,14 +217,7 @@ def masked_sft(
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optim, lr=lr)
     device = next(model.parameters()).device
-    if schedule == "onecycle":
-        sched: Any = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    elif schedule == "linear":
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1.0 - k / steps))
-    elif schedule == "constant":
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
-    else:
-        raise ValueError(f"masked_sft: unknown schedule {schedule!r} (linear, constant, onecycle)")
+    sched = make_scheduler(opt, schedule, lr=lr, steps=steps)
     model.train()
     losses: list[float] = []
     order: list[int] = []
