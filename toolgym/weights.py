@@ -149,15 +149,13 @@ def check_weights(directory: str | os.PathLike[str]) -> list[Path]:
 def _check_json_object(path: Path) -> None:
     """Nothing when ``path`` is absent or holds a JSON object; else :class:`WeightsError` naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return
-    except (OSError, UnicodeDecodeError) as e:
-        raise WeightsError(f"{path}: cannot read it ({e.__class__.__name__}: {e})") from None
-    try:
-        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise WeightsError(f"{path}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise WeightsError(f"{path}: cannot read it ({e})") from None
     if not isinstance(data, dict):
         raise WeightsError(f"{path}: not a JSON object (a {type(data).__name__})")
 
