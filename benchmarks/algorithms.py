@@ -110,9 +110,9 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
     """The demo's warm start (``a.warm_steps`` masked-SFT steps, batch 8, lr ``a.warm_lr``, on 32 oracle
     episodes) from ``a.base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter Llama, for pipeline
     checks only; or a model path), saved with the compact template to ``out/warm`` (reused when present)."""
+    from toolgym.checkpoint import save_checkpoint
     from toolgym.evaluation import oracle_policy
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
-    from trainers.demo.compact_prompt import save_checkpoint
     from trainers.sft import collect, masked_sft
 
     target = out / "warm"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 
@@ -36,3 +37,14 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a server process: SIGTERM, then SIGKILL after 10 s; waits for it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

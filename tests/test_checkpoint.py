@@ -100,7 +100,8 @@ def test_run_settings_round_trip_and_bad_files(tmp_path: Path):
 
 def test_toolgym_eval_of_a_checkpoint_reproduces_the_run_that_saved_it(tmp_path: Path, capsys):
     pytest.importorskip("trl", reason="trainers.demo.compact_prompt is part of the [train] extra")
-    from trainers.demo.compact_prompt import compact_tools_template, save_checkpoint
+    from toolgym.checkpoint import save_checkpoint
+    from trainers.demo.compact_prompt import compact_tools_template
 
     tok = load_tokenizer()
     model = tiny_random_model(tok, seed=4)

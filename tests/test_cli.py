@@ -87,7 +87,11 @@ def test_rollout_tiny_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert len(rows) == 2
     for r in rows:
         assert len(r["completion_ids"]) == len(r["loss_mask"]) > 0
-        assert all(len(t["text"]) >= 0 for t in r["turns"])
+        spans = [(*t["action_span"], *t["obs_span"]) for t in r["turns"]]
+        ends = [0] + [s[3] for s in spans]  # the turns tile the completion: action, then observation
+        assert [s[0] for s in spans] == ends[:-1] and ends[-1] == len(r["completion_ids"])
+        assert all(a < b <= c <= d for a, b, c, d in spans)
+        assert all(r["loss_mask"][s[0]] == 1 for s in spans)  # an action starts with a sampled token
         assert r["logprobs"] is not None and len(r["logprobs"]) == len(r["completion_ids"])
         assert sum(r["loss_mask"]) <= 6 * len(r["turns"])  # the per-turn budget holds
     # seeded: the same command gives the same trajectories
@@ -237,16 +241,21 @@ def test_bench_names_map_to_scripts() -> None:
     assert {"vector", "rollout", "mcp", "sandbox"} <= present, present
 
 
-def test_bench_forwards_args_and_prints_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def _benchmarks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scripts: dict[str, str]) -> None:
+    """A benchmarks folder holding ``scripts`` (file name -> source), the one ``toolgym bench`` runs from."""
     bench = tmp_path / "benchmarks"
     bench.mkdir()
-    (bench / "vector_step.py").write_text(
-        "import sys\nprint('args:', sys.argv[1:])\nprint('| N | seq/toolgym |')\nprint('seq/toolgym ratio: 12.5x')\n"
-        "print()\nprint('done, nothing to repeat')\n"
-    )
-    (bench / "sandbox.py").write_text("import sys\nprint('half done')\nsys.exit(3)\n")
+    for name, source in scripts.items():
+        (bench / name).write_text(source)
     monkeypatch.setenv("TOOLGYM_BENCHMARKS", str(bench))
+
+
+def test_bench_forwards_args_and_prints_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    _benchmarks(tmp_path, monkeypatch, {
+        "vector_step.py": "import sys\nprint('args:', sys.argv[1:])\nprint('| N | seq/toolgym |')\n"
+                          "print('seq/toolgym ratio: 12.5x')\nprint()\nprint('done, nothing to repeat')\n",
+        "sandbox.py": "import sys\nprint('half done')\nsys.exit(3)\n"})
     assert main(["bench", "vector", "--quick", "--sizes", "1", "16"]) == 0
     out = capsys.readouterr().out
     assert "args: ['--quick', '--sizes', '1', '16']" in out
@@ -270,15 +279,12 @@ def test_bench_real_vector_script(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bench_reads_the_json_summary_line_and_help_has_no_ratios(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    bench = tmp_path / "benchmarks"
-    bench.mkdir()
-    (bench / "retrieval.py").write_text(
+    _benchmarks(tmp_path, monkeypatch, {"retrieval.py": (
         "import json, sys\n"
         "if '--help' in sys.argv: print('usage: compare ratio vs direct  calls  x vs y'); sys.exit(0)\n"
         "print('a ratio of 9.9x scraped from text must not be used')\n"
         "print(json.dumps({'toolgym_bench': 'retrieval', 'ratios': {'calc@1': 1.25}, 'units': {'ratio': 'p50/p50'}}))\n"
-    )
-    monkeypatch.setenv("TOOLGYM_BENCHMARKS", str(bench))
+    )})
     assert main(["bench", "retrieval", "--help"]) == 0
     assert "ratios ==" not in capsys.readouterr().out
     assert main(["bench", "retrieval"]) == 0

@@ -8,9 +8,10 @@ import pytest
 pytest.importorskip("trl", reason="the demo needs the [train] extra")
 
 import toolgym  # noqa: F401
+from toolgym.checkpoint import save_checkpoint
 from toolgym.evaluation import oracle_policy
 from toolgym.models import load_model, load_tokenizer, tiny_random_model
-from trainers.demo.compact_prompt import COMPACT_SYSTEM_PROMPT, compact_tools_template, save_checkpoint
+from trainers.demo.compact_prompt import COMPACT_SYSTEM_PROMPT, compact_tools_template
 from trainers.sft import collect
 
 

@@ -114,7 +114,7 @@ def test_frozen_weights_are_cast_once_per_generation_under_autocast(tok):
     assert frozen_casts == 1, f"the frozen head was cast {frozen_casts} times in one generate() call"
     assert frozen_tokens == trained_tokens
     # under grad, the model's flags are left alone (training must not get gradients for frozen weights)
-    from toolgym.checkpoint import autocast_context
+    from toolgym.precision import autocast_context
 
     head = model.get_output_embeddings().weight
     head.requires_grad_(False)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import toolgym  # noqa: F401 - registers the envs
-from tests.procs import alive, children, free_port
+from tests.procs import alive, children, free_port, stop
 from toolgym.format.parsers import get_parser
 from toolgym.runtime import run_sync
 from toolgym.tools.base import ToolCall, ToolErrorKind
@@ -79,16 +79,6 @@ def _connectable(port: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def answer_action(env, text: str) -> np.ndarray:

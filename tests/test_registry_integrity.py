@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import test_weights_integrity
+
 pytest.importorskip("mlflow", reason="the registry needs the [registry] extra (mlflow)")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,15 +52,7 @@ def _toolgym(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    from toolgym.models import load_tokenizer, tiny_random_model
-
-    d = tmp_path_factory.mktemp("ckpt") / "tiny"
-    tok = load_tokenizer()
-    tiny_random_model(tok, seed=1, num_hidden_layers=1).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
+ckpt = test_weights_integrity.ckpt  # a real tiny checkpoint (one for this module)
 
 
 @pytest.mark.timeout(600)

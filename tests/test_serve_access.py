@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import free_port
+from tests.procs import free_port, stop
 from toolgym.tools.base import ToolCall
 from toolgym.tools.executor import ToolExecutor
 from toolgym.tools.mcp import MCPToolset
@@ -49,18 +49,8 @@ def _start(args: list[str], port: int, token: str | None) -> subprocess.Popen:
             return proc
         except OSError:
             time.sleep(0.1)
-    _stop(proc)
+    stop(proc)
     pytest.fail(f"server did not start: {proc.stderr.read()[-2000:] if proc.stderr else ''}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _request(url: str, headers: dict[str, str], body: dict | None = None) -> int:
@@ -105,7 +95,7 @@ def test_mcp_on_all_interfaces_answers_only_the_token():
         finally:
             ts.close()
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_mcp_on_loopback_refuses_a_foreign_host_header():
@@ -118,7 +108,7 @@ def test_mcp_on_loopback_refuses_a_foreign_host_header():
         assert _request(url, {"Host": f"attacker.example:{port}"}, init) == 403  # a DNS-rebinding page
         assert _request(url, {}, init) == 200
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 def test_retriever_on_all_interfaces_needs_the_bearer_token():
@@ -129,4 +119,4 @@ def test_retriever_on_all_interfaces_needs_the_bearer_token():
         assert _request(url, {}, {"queries": ["Japan"]}) == 401
         assert _request(url, {"Authorization": f"Bearer {TOKEN}"}, {"queries": ["Japan"]}) == 200
     finally:
-        _stop(proc)
+        stop(proc)

@@ -1,32 +1,34 @@
 """The layout rules of ``docs/design.md``, checked on the source (``python tests/test_structure.py`` prints every
-violation; the tests fail on any):
+violation; the tests fail on any). The numbers are design.md's:
 
 1. no Python file in ``toolgym/`` or ``trainers/`` over :data:`MAX_LINES` lines;
 2. no import cycle between the modules of ``toolgym/`` and ``trainers/`` (function-level imports count: a lazy
    import is still a dependency; imports under ``if TYPE_CHECKING:`` do not, they never run);
 3. no private name imported across packages: ``from a.b import _x``, ``import a._b`` or ``from a._b import x`` is
    allowed only from a module in the same package (directory) as the private module or name;
-4. dependencies point one way inside the tree: the layers of :data:`LAYERS` (the package map in
-   ``docs/concepts.md``; e.g. tools never import data, ``toolgym`` never imports ``trainers``): a module imports only
-   its own layer or the layers above it (``toolgym/__init__.py``, the public API, is exempt);
-5. ... and outside it: ``toolgym`` never imports TRL, vLLM, MLflow or DeepSpeed (:data:`FORBIDDEN`);
-6. no module imports ``toolgym.cli`` (the entry point) but the entry point itself: the error types and exit codes
-   live in ``toolgym.errors``;
-7. the algorithm contract (``trainers/__init__.py``): every entry of ``trainers.ALGORITHMS`` is a module with a
-   ``Config`` dataclass whose fields all carry ``metadata["help"]`` and a ``run`` function taking the config, and
-   reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter);
-8. shipped text describes the software, not its development diary: no file name or content under
-   :data:`SHIPPED` names a numbered work session or issue, or the current work session (:data:`HISTORY`).
-9. ``toolgym`` does not reach ``trainers`` by a module-name string either: no ``import_module``/``__import__``/
+4. dependencies point one way: inside the tree down the layers of :data:`LAYERS` (the package map in
+   ``docs/concepts.md``; e.g. tools never import data, ``toolgym`` never imports ``trainers``; a module imports
+   only its own layer or the layers above it, ``toolgym/__init__.py``, the public API, is exempt), and outside it
+   ``toolgym`` never imports TRL, vLLM, MLflow or DeepSpeed (:data:`FORBIDDEN`);
+5. ``toolgym`` does not reach ``trainers`` by a module-name string either: no ``import_module``/``__import__``/
    ``find_spec``/``run_module`` of a ``"trainers..."`` string and no string that is a dotted path into ``trainers``
    (the core finds the training package's commands through entry points, ``toolgym/cli/plugins.py``);
-10. ``trainers/`` is in wings: its top level holds only :data:`TRAINERS_TOP` (the algorithm contract, the shared
-   plumbing, the single-module algorithms and the shared credit estimators) and the packages
-   :data:`TRAINERS_WINGS`; the modules inside an algorithm's package (``trainers/grpo/*``, ``trainers/dpo/*``) are
-   imported only from inside that package (everything else goes through the package: ``Config``, ``run``).
+6. no module outside the entry point package ``toolgym.cli`` imports it or any of its submodules: what the
+   commands share with other code lives below it (error types and exit codes in ``toolgym.errors``);
+7. ``trainers/`` is in wings: its top level holds only :data:`TRAINERS_TOP` (the algorithm contract and the shared
+   plumbing) and the single-module algorithms registered in ``trainers.ALGORITHMS``; every package under it is a
+   wing, and a wing's modules are imported only from inside that wing (everything else goes through the package);
+8. the algorithm contract (``trainers/__init__.py``): every entry of ``trainers.ALGORITHMS`` is a module with a
+   ``Config`` dataclass whose fields all carry ``metadata["help"]`` and a ``run`` function taking the config, and
+   reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter);
+9. shipped text describes the software, not its development diary: no file name or content under
+   :data:`SHIPPED` names a numbered work session or issue, or the current work session (:data:`HISTORY`);
+10. the written map is the tree: the module map (``docs/concepts.md#where-things-live`` and the layout of
+    ``docs/design.md``) names every module of ``toolgym/`` and ``trainers/`` and names no file that is not there,
+    and every repository path and dotted ``toolgym``/``trainers`` name in ``docs/*.md`` exists.
 
-The import graph (rules 1-6) is built with :mod:`ast` only (nothing is imported), so the check is fast and cannot
-be fooled by import-time side effects.
+Rules 1-7 and 10 are checked with :mod:`ast` only (nothing is imported), so the check is fast and cannot be fooled
+by import-time side effects.
 """
 
 from __future__ import annotations
@@ -43,23 +45,20 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("toolgym", "trainers")
 MAX_LINES = 600
 
-#: rule 9: the modules allowed at the top level of ``trainers/`` (a new algorithm-internal module goes in its wing)
-TRAINERS_TOP = frozenset({"__init__", "cli", "runconfig", "contract", "credit", "sft", "rft", "reward_model"})
-#: rule 9: the packages of ``trainers/``
-TRAINERS_WINGS = frozenset({"grpo", "dpo", "tracking", "demo", "ui", "verl"})
-#: rule 9: the wings whose modules are private to the package (algorithms: the outside sees ``Config`` and ``run``)
-ALGORITHM_WINGS = ("trainers.grpo", "trainers.dpo")
-#: rule 8: calls that import a module named by a string
+#: rule 7: the plumbing allowed at the top level of ``trainers/`` beside the single-module algorithms of
+#: ``trainers.ALGORITHMS`` (an algorithm's internal module goes in its package, a new shared part in a wing)
+TRAINERS_TOP = frozenset({"__init__", "cli", "runconfig", "contract", "credit"})
+#: rule 5: calls that import a module named by a string
 IMPORT_CALLS = frozenset({"import_module", "__import__", "find_spec", "run_module", "import_train"})
 
-#: rule 5: (importer prefix, forbidden outside packages).
+#: rule 4: (importer prefix, forbidden outside packages).
 FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm", "mlflow", "deepspeed")),)
 
 #: rule 4: the layers, top (imported by everything below) to bottom; a module may import only its own layer or one
 #: above it. Same order as the package map in docs/concepts.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
-     "toolgym.checkpoint", "toolgym.weights", "toolgym.moved", "toolgym.console", "toolgym.placement"),
+     "toolgym.checkpoint", "toolgym.weights", "toolgym.precision", "toolgym.console", "toolgym.placement"),
     ("toolgym.models",),
     ("toolgym.tools",),
     ("toolgym.trajectory",),
@@ -291,15 +290,19 @@ def layering(files: dict[str, Path] | None = None) -> list[str]:
     return sorted(set(out))
 
 
-#: rule 6: the entry point, the one module that may import itself
+#: rule 6: the entry point package, the one package whose modules may import it
 ENTRY_POINT = "toolgym.cli"
 
 
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def entry_point_imports(files: dict[str, Path] | None = None) -> list[str]:
-    """Imports of :data:`ENTRY_POINT` from any other module."""
+    """Imports of :data:`ENTRY_POINT` or any of its submodules from a module outside it."""
     files = files if files is not None else modules()
-    return [f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports the entry point {ENTRY_POINT}"
-            for imp in imports(files) if imp.target == ENTRY_POINT and imp.source != ENTRY_POINT]
+    return [f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports the entry point {imp.target}"
+            for imp in imports(files) if _inside(imp.target, ENTRY_POINT) and not _inside(imp.source, ENTRY_POINT)]
 
 
 _CONTRACT_PROBE = """
@@ -341,7 +344,7 @@ def _names_trainers(text: str) -> bool:
 
 
 def dynamic_trainers_imports(files: dict[str, Path] | None = None, package: str = "toolgym") -> list[str]:
-    """Rule 8: module-name strings through which ``package`` could import ``trainers``."""
+    """Rule 5: module-name strings through which ``package`` could import ``trainers``."""
     files = files if files is not None else modules()
     out = []
     for mod, path in files.items():
@@ -363,28 +366,43 @@ def dynamic_trainers_imports(files: dict[str, Path] | None = None, package: str 
     return sorted(set(out))
 
 
+def registered_algorithms(root: Path | None = None) -> dict[str, str]:
+    """``trainers.ALGORITHMS`` as written in ``trainers/__init__.py`` (name -> dotted module), read with :mod:`ast`."""
+    tree = ast.parse(((root or ROOT) / "trainers" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(getattr(t, "id", None) == "ALGORITHMS" for t in targets):
+                for sub in ast.walk(node):
+                    if isinstance(sub, ast.Dict):
+                        return {ast.literal_eval(k): ast.literal_eval(v) for k, v in zip(sub.keys, sub.values, strict=True)}
+    return {}
+
+
 def wing_violations(files: dict[str, Path] | None = None) -> list[str]:
-    """Rule 9: flat modules at the top of ``trainers/`` and imports of an algorithm's internals from outside."""
+    """Rule 7: modules at the top of ``trainers/`` that are neither plumbing nor a registered algorithm, and imports
+    of a wing's modules from outside that wing."""
     files = files if files is not None else modules()
     out = []
     root = ROOT / "trainers"
+    algorithms = set(registered_algorithms())
+    top = TRAINERS_TOP | {m.rpartition(".")[2] for m in registered_algorithms().values()}
     for p in sorted(root.iterdir()):
-        if p.suffix == ".py" and p.stem not in TRAINERS_TOP:
-            out.append(f"{p.relative_to(ROOT)}: a module at the top of trainers/ (put it in its wing, e.g. "
-                       "trainers/grpo/, or add it to TRAINERS_TOP with a reason)")
-        elif p.is_dir() and (p / "__init__.py").exists() and p.name not in TRAINERS_WINGS:
-            out.append(f"{p.relative_to(ROOT)}/: a package of trainers/ not in TRAINERS_WINGS")
+        if p.suffix == ".py" and p.stem not in top:
+            out.append(f"{p.relative_to(ROOT)}: a module at the top of trainers/ that is neither plumbing "
+                       f"(TRAINERS_TOP) nor an algorithm of trainers.ALGORITHMS ({', '.join(sorted(algorithms))}): "
+                       "put it in its wing, e.g. trainers/grpo/")
+    wings = sorted(m for m in files if m.count(".") == 1 and m.startswith("trainers.") and _is_package(m, files))
     for imp in imports(files):
-        for wing in ALGORITHM_WINGS:
-            inside = imp.source == wing or imp.source.startswith(wing + ".")
-            if imp.target.startswith(wing + ".") and not inside:
+        for wing in wings:
+            if _inside(imp.target, wing) and imp.target != wing and not _inside(imp.source, wing):
                 out.append(f"{files[imp.source].relative_to(ROOT)}:{imp.line}: {imp.source} imports {imp.target}, "
-                           f"an internal module of {wing} (import {wing} instead)")
+                           f"a module inside the wing {wing} (import {wing} instead)")
     return sorted(set(out))
 
 
 def contract_violations() -> list[str]:
-    """Rule 7, checked in a fresh interpreter (the modules are imported: this is the one rule that does)."""
+    """Rule 8, checked in a fresh interpreter (the modules are imported: this is the one rule that does)."""
     import json
     import os
     import subprocess
@@ -397,10 +415,10 @@ def contract_violations() -> list[str]:
     return list(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-#: rule 8: what a user reads (file names and contents); the repository's own text files only.
+#: rule 9: what a user reads (file names and contents); the repository's own text files only.
 SHIPPED = ("README.md", "Makefile", "pyproject.toml", ".gitignore", "docs", "toolgym", "trainers", "benchmarks",
            "examples", "tests", ".ci")
-#: rule 8: work-diary wording. "session" alone is a protocol word (an MCP or HTTP session) and "round N" an RFT/DPO
+#: rule 9: work-diary wording. "session" alone is a protocol word (an MCP or HTTP session) and "round N" an RFT/DPO
 #: round, so only a numbered session or issue, or a work session named by its place ("this", "first" ...), counts.
 HISTORY = re.compile(r"(?<![a-z])(?:sessions?|issues?)[ _-]?#?\d+|\b(?:this|first|second|third|previous|last|next|earlier)\s+session\b", re.IGNORECASE)
 _TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".json", ".jsonl", ".txt", ".html", ".js", ".css", ".cfg",
@@ -423,7 +441,7 @@ def shipped_files(root: Path | None = None) -> Iterator[Path]:
 
 
 def history_mentions(root: Path | None = None) -> list[str]:
-    """Rule 8: ``path[:line]: text`` for each work-diary mention in a shipped file's name or content."""
+    """Rule 9: ``path[:line]: text`` for each work-diary mention in a shipped file's name or content."""
     root = root or ROOT
     out = []
     for path in shipped_files(root):
@@ -438,6 +456,106 @@ def history_mentions(root: Path | None = None) -> list[str]:
             if HISTORY.search(line):
                 out.append(f"{rel}:{n}: {line.strip()[:120]}")
     return out
+
+
+#: rule 10: the module map, (page, first heading, the heading after it) of each of its sections
+MAP_SECTIONS = (("docs/concepts.md", "## Where things live", "## Tokens"),
+                ("docs/design.md", "## The layout", "## The rules of the layout"))
+#: rule 10: the repository's folders a path in the docs may start with
+REPO_DIRS = ("toolgym", "trainers", "tests", "benchmarks", "examples", "docs")
+_MAP_FILE = re.compile(r"(?<![\w/.*-])((?:[\w-]+/)*[\w-]+\.py)\b")
+_MAP_DIR = re.compile(r"(?<![\w/.-])([A-Za-z_]\w*)/(?![\w-])")
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+_DOC_PATH = re.compile(r"(?<![\w./-])((?:" + "|".join(REPO_DIRS) + r")/[\w./-]*[\w/])")
+_DOC_DOTTED = re.compile(r"(?<![\w.-])((?:toolgym|trainers)(?:\.[A-Za-z_]\w*)+)")
+
+
+def map_text(root: Path | None = None) -> str:
+    """The text of the module map's sections (:data:`MAP_SECTIONS`)."""
+    root = root or ROOT
+    out = []
+    for page, start, end in MAP_SECTIONS:
+        text = (root / page).read_text(encoding="utf-8")
+        out.append(text[text.index(start):text.index(end, text.index(start))])
+    return "\n".join(out)
+
+
+def map_gaps(files: dict[str, Path] | None = None, root: Path | None = None) -> list[str]:
+    """Rule 10, the map: each module of :data:`PACKAGES` whose file name (a package: its folder ``name/``) the map
+    does not name, and each ``name.py`` the map names that is no file of the repository."""
+    root = root or ROOT
+    files = files if files is not None else modules()
+    text = map_text(root)
+    named_files = {m.rpartition("/")[2] for m in _MAP_FILE.findall(text)}
+    named_dirs = set(_MAP_DIR.findall(text))
+    out = []
+    for mod, path in sorted(files.items()):
+        if path.name == "__main__.py":
+            continue  # ``python -m PACKAGE``: part of its package
+        if path.name == "__init__.py":
+            if path.parent.name not in named_dirs and path.parent.name not in PACKAGES:
+                out.append(f"{path.relative_to(root)}: the package {mod} is not in the module map (docs/concepts.md)")
+        elif path.name not in named_files:
+            out.append(f"{path.relative_to(root)}: the module {mod} is not in the module map (docs/concepts.md)")
+    present = {p.name for d in REPO_DIRS if (root / d).is_dir() for p in (root / d).rglob("*.py")}
+    out += [f"the module map names {name}, which is no file here" for name in sorted(named_files - present)]
+    return out
+
+
+def _defines(path: Path, name: str) -> bool:
+    """Whether module ``path`` binds ``name`` at its top level (def, class, assignment, import)."""
+    tree, _ = _parse(path, path.stat().st_mtime_ns)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name:
+            return True
+        if isinstance(node, ast.Import | ast.ImportFrom) and any((a.asname or a.name.split(".")[0]) == name
+                                                                  or a.name == "*" for a in node.names):
+            return True
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                return True
+    return False
+
+
+def docs_dangling_names(files: dict[str, Path] | None = None, root: Path | None = None) -> list[str]:
+    """Rule 10, the prose: each repository path (``trainers/grpo/build.py``) and dotted module or name
+    (``toolgym.evaluation.runner.evaluate``) in an inline code span of ``docs/*.md`` that does not exist. A dotted
+    name counts when its longest module prefix exists and the next part is a module or a top-level name of it; a
+    path, when it has a file extension or ends in ``/``."""
+    root = root or ROOT
+    files = files if files is not None else modules()
+    out = []
+    for page in sorted((root / "docs").glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        for n, line in enumerate(text.splitlines(), 1):
+            for span in _CODE_SPAN.findall(line):
+                if any(c in span for c in "<*{"):
+                    continue  # a pattern or a placeholder, not a name
+                for path in _DOC_PATH.findall(span):
+                    if not (path.endswith("/") or re.search(r"\.\w+$", path)):
+                        continue  # an env id (toolgym/SQL-v0) or a metric (toolgym/success), not a file
+                    if not (root / path.rstrip("/.")).exists():
+                        out.append(f"{page.relative_to(root)}:{n}: {path} does not exist")
+                for dotted in _DOC_DOTTED.findall(span):
+                    parts = dotted.split(".")
+                    if parts[0] == "toolgym" and len(parts) == 2 and dotted not in files:
+                        continue  # a config key (toolgym.env_id), a tracking tag or an entry-point group
+                    k = max(i for i in range(1, len(parts) + 1) if ".".join(parts[:i]) in files or i == 1)
+                    mod = ".".join(parts[:k])
+                    if mod not in files:
+                        continue
+                    if k < len(parts) and not _defines(files[mod], parts[k]):
+                        out.append(f"{page.relative_to(root)}:{n}: {dotted}: {mod} has no {parts[k]}")
+    return out
+
+
+def test_the_module_map_names_every_module() -> None:
+    assert map_gaps() == []
+
+
+def test_the_docs_name_only_what_exists() -> None:
+    assert docs_dangling_names() == []
 
 
 def test_the_core_names_no_trainers_module() -> None:
@@ -503,7 +621,8 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (b.parent / "__init__.py").write_text("")
     a.write_text("from pkg.sub.b import _hidden\n")
-    b.write_text("def f():\n    from pkg import a\n    import toolgym.cli\n" + "x = 1\n" * MAX_LINES)
+    b.write_text("def f():\n    from pkg import a\n    import toolgym.cli\n    from toolgym.cli.common import x\n"
+                 + "x = 1\n" * MAX_LINES)
     files = {"pkg": tmp_path / "pkg" / "__init__.py", "pkg.a": a, "pkg.sub": b.parent / "__init__.py", "pkg.sub.b": b}
     global ROOT
     old, ROOT = ROOT, tmp_path
@@ -511,8 +630,9 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
         assert cycles(files) == [["pkg.a", "pkg.sub.b"]]
         assert len(private_imports(files)) == 1 and "_hidden" in private_imports(files)[0]
         assert len(long_files(files)) == 1
-        assert entry_point_imports(files) == [f"{b.relative_to(tmp_path)}:3: pkg.sub.b imports the entry point "
-                                              "toolgym.cli"]
+        assert entry_point_imports(files) == [
+            f"{b.relative_to(tmp_path)}:3: pkg.sub.b imports the entry point toolgym.cli",
+            f"{b.relative_to(tmp_path)}:4: pkg.sub.b imports the entry point toolgym.cli.common"]
         assert layer("toolgym.tools.sandbox.pool") == LAYERS.index(("toolgym.tools",))
         assert layer("toolgym.cli.eval") == layer("toolgym.cli") and layer("trainers.dpo") == len(LAYERS) - 1
     finally:
@@ -520,7 +640,7 @@ def test_checker_sees_violations(tmp_path: Path) -> None:
 
 
 def test_checker_sees_dynamic_imports_and_broken_wings(tmp_path: Path) -> None:
-    """Rules 8 and 9 on a synthetic tree: module-name strings into trainers, a flat module, a reach into a wing."""
+    """Rules 5 and 7 on a synthetic tree: module-name strings into trainers, a flat module, a reach into a wing."""
     core = tmp_path / "toolgym" / "c.py"
     core.parent.mkdir()
     (core.parent / "__init__.py").write_text('"""trainers.cli in a docstring is prose."""\n')
@@ -549,9 +669,106 @@ def test_checker_sees_dynamic_imports_and_broken_wings(tmp_path: Path) -> None:
         ROOT = old
 
 
+_TOY_ALGORITHM = '''"""Oracle episodes and their mean reward (``toolgym train toy_stats --episodes 2``)."""
+
+from dataclasses import dataclass
+
+from trainers.contract import RunResult
+from trainers.runconfig import opt
+
+
+@dataclass
+class Config:
+    """Oracle episodes: config file keys = these fields."""
+
+    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id to play")
+    episodes: int = opt(4, "episodes played by the env's oracle")
+    output_dir: str = opt("runs/toy_stats", "where the run writes")
+
+
+def run(config: Config, **extras) -> RunResult:
+    import gymnasium as gym
+
+    import toolgym  # noqa: F401  (registers the envs)
+    from toolgym.rollout import RolloutDriver, ScriptedPolicy
+
+    venv = gym.make_vec(config.env_id, num_envs=config.episodes)
+    try:
+        trajs = RolloutDriver(venv, ScriptedPolicy(lambda s: s.env.oracle(s))).run([None] * config.episodes)
+    finally:
+        venv.close()
+    return RunResult("toy_stats", config.output_dir,
+                     metrics={"episodes": len(trajs), "mean_reward": sum(t.reward for t in trajs) / len(trajs)})
+'''
+
+
+def test_the_new_algorithm_recipe_passes_the_checks(tmp_path: Path) -> None:
+    """docs/extending.md's "A new algorithm", followed in a copy of the tree with a toy algorithm: the module at
+    the top of trainers/, its line in ALGORITHMS and its name in the module map. Every structure check passes on
+    the result (the map check refuses the module until step 3), and the registry, ``toolgym train --help`` and
+    ``toolgym train toy_stats --dry-run`` see it."""
+    global ROOT
+    import os
+    import shutil
+    import subprocess
+
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
+    for name in ("toolgym", "trainers", "docs", "tests", "benchmarks", "examples"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=skip)
+
+    def problems() -> list[str]:
+        files = modules()
+        return (long_files(files) + [" -> ".join(c) for c in cycles(files)] + private_imports(files)
+                + forbidden_imports(files) + layering(files) + entry_point_imports(files)
+                + dynamic_trainers_imports(files) + wing_violations(files) + map_gaps(files)
+                + docs_dangling_names(files) + contract_violations())
+
+    old, ROOT = ROOT, tmp_path
+    try:
+        before = problems()  # the tree's own (none on a clean tree): the recipe must add nothing to them
+    finally:
+        ROOT = old
+    # 1. the module; 2. the registry
+    (tmp_path / "trainers" / "toy_stats.py").write_text(_TOY_ALGORITHM)
+    init = tmp_path / "trainers" / "__init__.py"
+    text = init.read_text()
+    assert text.count("ALGORITHMS = _Algorithms({\n") == 1
+    init.write_text(text.replace("ALGORITHMS = _Algorithms({\n", 'ALGORITHMS = _Algorithms({\n    "toy_stats": "trainers.toy_stats",\n'))
+    old, ROOT = ROOT, tmp_path
+    try:
+        assert registered_algorithms()["toy_stats"] == "trainers.toy_stats"
+        assert map_gaps() == ["trainers/toy_stats.py: the module trainers.toy_stats is not in the module map "
+                              "(docs/concepts.md)"]
+        # 3. the map
+        concepts = tmp_path / "docs" / "concepts.md"
+        row = "the single-module algorithms `sft.py`, `rft.py`, `reward_model.py`"
+        assert row in concepts.read_text()
+        concepts.write_text(concepts.read_text().replace(row, row + ", `toy_stats.py`"))
+        assert problems() == before
+    finally:
+        ROOT = old
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    probe = ("import trainers, dataclasses; from trainers.cli import usage; "
+             "print(list(trainers.ALGORITHMS)); print([f.name for f in dataclasses.fields(trainers.config_class("
+             "'toy_stats'))]); print(usage())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    names, fields, usage = out.stdout.split("\n", 2)
+    assert "'toy_stats'" in names and fields == "['env_id', 'episodes', 'output_dir']"
+    assert "  toy_stats " in usage and "Oracle episodes and their mean reward" in usage
+    dry = subprocess.run([sys.executable, "-m", "trainers.cli", "toy_stats", "--dry-run", "--episodes", "2"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    import json
+
+    assert json.loads(dry.stdout) == {"algorithm": "toy_stats", "config": {
+        "env_id": "toolgym/Calculator-v0", "episodes": 2, "output_dir": "runs/toy_stats"}}
+
+
 if __name__ == "__main__":
     problems = (long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
                 + layering() + entry_point_imports() + dynamic_trainers_imports() + wing_violations()
-                + contract_violations() + history_mentions())
+                + map_gaps() + docs_dangling_names() + contract_violations() + history_mentions())
     print("\n".join(problems) or "structure ok")
     sys.exit(1 if problems else 0)

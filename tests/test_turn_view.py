@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from toolgym.report.viewer import build_data, render_html
@@ -28,8 +31,12 @@ def test_each_turn_shows_its_reward_and_advantage(rows):
     assert [t["reward"] for t in ep0["turns"]] == pytest.approx([0.25, 0.25, 0.0])  # verified chain steps
     assert [t["adv"] for t in ep0["turns"]] == [0.75, -0.25, 1.5]
     assert all("adv" not in t for t in ep1["turns"])  # rows without advantages (eval, rollout) show none
-    page = render_html(rows)
-    assert "t.adv != null" in page and 'advantage <b class="adv">' in page
+    # the page carries the same per-turn values to its script (the JSON document it embeds)
+    m = re.search(r'<script type="application/json" id="data">(.*?)</script>', render_html(rows), re.DOTALL)
+    assert m is not None
+    page_ep0, page_ep1 = json.loads(m.group(1))["runs"][0]["eps"]
+    assert [t["adv"] for t in page_ep0["turns"]] == [0.75, -0.25, 1.5]
+    assert all("adv" not in t for t in page_ep1["turns"])
 
 
 def test_mismatched_advantages_are_not_shown(rows):

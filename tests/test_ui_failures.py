@@ -7,32 +7,18 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import test_ui
 from tests.test_ui import NEEDS_DRIVER, Server, open_page, set_value, shot, tab, text, type_into, wait_for
 from tests.test_viewer import WebDriver
 
 pytest.importorskip("fastapi", reason="toolgym ui needs the [ui] extra")
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    runs = tmp_path_factory.mktemp("ui") / "runs"
-    runs.mkdir()
-    s = Server(runs)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    d = WebDriver(tmp_path_factory.mktemp("chrome") / "profile")
-    d.cmd("POST", "/window/rect", {"width": 1400, "height": 1000})
-    yield d
-    d.close()
+server = test_ui.server  # the UI tests' fixtures (a server and a browser for this module)
+browser = test_ui.browser
 
 
 @NEEDS_DRIVER

@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from tests import test_ui
 from tests.test_ui import NEEDS_DRIVER, Server, wait_for
 from tests.test_viewer import WebDriver
 from toolgym.trajectory import TrajectoryFormatError, check_trajectory_row
+
+server = test_ui.server  # the UI tests' server fixture (one for this module)
 
 PAYLOAD = "0\"><img src=x onerror=\"document.title='pwned';window.pwned=1\">"
 
@@ -73,15 +76,6 @@ def test_a_crafted_page_opened_from_disk_runs_none_of_its_script(browser: WebDri
     time.sleep(0.5)  # an injected <img onerror> would have fired by now
     assert browser.js("return [window.pwned === undefined, document.title]") == [True, "crafted"]
     assert "window.pwned=2" in browser.js("return document.querySelector('section.episode h2').textContent")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    runs = tmp_path_factory.mktemp("ui") / "runs"
-    runs.mkdir()
-    s = Server(runs)
-    yield s
-    s.stop()
 
 
 def test_the_ui_refuses_a_crafted_file_and_every_page_has_a_policy(server: Server) -> None:

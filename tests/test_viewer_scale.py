@@ -88,59 +88,59 @@ def test_distinct_tasks_share_the_system_prompt_in_the_page(big: tuple[Path, Pat
 TASK_CELLS = "Array.from(document.querySelectorAll('table.grid > tbody > tr.row')).map(e => e.querySelector('td.task').textContent)"
 
 
+@pytest.fixture
+def wd(tmp_path: Path) -> Any:
+    """A headless browser with its own profile, closed after the test."""
+    d = WebDriver(tmp_path / "profile")
+    yield d
+    d.close()
+
+
 @NEEDS_DRIVER
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_every_view_pages_and_opens_an_episode_below_the_header(big: tuple[Path, Path, list[dict[str, Any]]],
-                                                                tmp_path: Path) -> None:
+                                                                wd: WebDriver) -> None:
     page, _, rows = big
-    wd = WebDriver(tmp_path / "profile")
-    try:
-        wd.get(page.as_uri())
-        assert wd.js("return document.querySelectorAll('table.eps > tbody > tr.ep').length") == 200
-        assert wd.js(f"return {TASK_CELLS}")[:3] == [r["task"]["prompt"] for r in rows[:3]]  # the question
-        summary = wd.js("return document.getElementById('summary').textContent")
-        assert "drift 10" in summary, summary
-        # numeric columns: header and cells both right-aligned
-        align = wd.js("return Array.from(document.querySelectorAll('table.eps th')).map(t => "
-                      "[t.dataset.key, getComputedStyle(t).textAlign])")
-        assert dict(align)["r"] == "right" and dict(align)["tok"] == "right" and dict(align)["task"] == "left"
+    wd.get(page.as_uri())
+    assert wd.js("return document.querySelectorAll('table.eps > tbody > tr.ep').length") == 200
+    assert wd.js(f"return {TASK_CELLS}")[:3] == [r["task"]["prompt"] for r in rows[:3]]  # the question
+    summary = wd.js("return document.getElementById('summary').textContent")
+    assert "drift 10" in summary, summary
+    # numeric columns: header and cells both right-aligned
+    align = wd.js("return Array.from(document.querySelectorAll('table.eps th')).map(t => "
+                  "[t.dataset.key, getComputedStyle(t).textAlign])")
+    assert dict(align)["r"] == "right" and dict(align)["tok"] == "right" and dict(align)["task"] == "left"
 
-        wd.click("#tabs button[data-view='tasks']")
-        assert wd.js("return document.querySelectorAll('table.groups > tbody > tr.group').length") == 200
-        assert wd.js("return document.querySelector('.pager').textContent").count("of 25") == 1
-        assert wd.js(f"return {TASK_CELLS}")[0] == rows[0]["task"]["prompt"]
-        wd.click(".pager button[data-page='1']")
-        assert wd.js(f"return {TASK_CELLS}")[0] == rows[200]["task"]["prompt"]
+    wd.click("#tabs button[data-view='tasks']")
+    assert wd.js("return document.querySelectorAll('table.groups > tbody > tr.group').length") == 200
+    assert wd.js("return document.querySelector('.pager').textContent").count("of 25") == 1
+    assert wd.js(f"return {TASK_CELLS}")[0] == rows[0]["task"]["prompt"]
+    wd.click(".pager button[data-page='1']")
+    assert wd.js(f"return {TASK_CELLS}")[0] == rows[200]["task"]["prompt"]
 
-        wd.get("about:blank")
-        wd.get(page.as_uri() + "#open=4321")  # on page 22 of the episodes view
-        assert wd.js("return document.getElementById('page').textContent") == "22"
-        assert wd.js("return document.querySelector('section.episode').dataset.index") == "4321"
-        top = wd.js("return document.querySelector('tr.ep.open').getBoundingClientRect().top")
-        header = wd.js("return document.querySelector('header').getBoundingClientRect().bottom")
-        assert top >= header, (top, header)
-    finally:
-        wd.close()
+    wd.get("about:blank")
+    wd.get(page.as_uri() + "#open=4321")  # on page 22 of the episodes view
+    assert wd.js("return document.getElementById('page').textContent") == "22"
+    assert wd.js("return document.querySelector('section.episode').dataset.index") == "4321"
+    top = wd.js("return document.querySelector('tr.ep.open').getBoundingClientRect().top")
+    header = wd.js("return document.querySelector('header').getBoundingClientRect().bottom")
+    assert top >= header, (top, header)
 
 
 @NEEDS_DRIVER
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_compare_with_both_sides_open_fits_a_1400px_window(big: tuple[Path, Path, list[dict[str, Any]]],
-                                                           tmp_path: Path) -> None:
+                                                           wd: WebDriver) -> None:
     _, cmp_page, rows = big
-    wd = WebDriver(tmp_path / "profile")
-    try:
-        wd.cmd("POST", "/window/rect", {"width": 1400, "height": 1000})
-        wd.get(cmp_page.as_uri() + "#view=compare")
-        assert wd.js("return document.querySelectorAll('table.compare > tbody > tr.cmp').length") == 200
-        assert wd.js(f"return {TASK_CELLS}")[0] == rows[0]["task"]["prompt"]
-        wd.click("tr.cmp td.task")
-        wd.click(".side .run-0 tr.ep td")
-        wd.click(".side .run-1 tr.ep td")
-        assert wd.js("return document.querySelectorAll('.side section.episode').length") == 2
-        width = wd.js("return [document.documentElement.scrollWidth, window.innerWidth]")
-        assert width[0] <= width[1] <= 1400, width
-    finally:
-        wd.close()
+    wd.cmd("POST", "/window/rect", {"width": 1400, "height": 1000})
+    wd.get(cmp_page.as_uri() + "#view=compare")
+    assert wd.js("return document.querySelectorAll('table.compare > tbody > tr.cmp').length") == 200
+    assert wd.js(f"return {TASK_CELLS}")[0] == rows[0]["task"]["prompt"]
+    wd.click("tr.cmp td.task")
+    wd.click(".side .run-0 tr.ep td")
+    wd.click(".side .run-1 tr.ep td")
+    assert wd.js("return document.querySelectorAll('.side section.episode').length") == 2
+    width = wd.js("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1] <= 1400, width

@@ -1,6 +1,6 @@
-"""A checkpoint's weights before anything uses them: a truncated, empty or missing weights file is refused by
-`toolgym registry register` and `toolgym eval --policy DIR` with exit 3 and the file's name (real tiny checkpoints,
-damaged on disk)."""
+"""A checkpoint's weights before anything uses them: a truncated, empty or missing weights file, or a config file
+that is not a JSON object, is refused by `toolgym registry register` and `toolgym eval --policy DIR` with exit 3 and
+the file's name (real tiny checkpoints, damaged on disk)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,14 @@ def ckpt(tmp_path_factory) -> Path:
     return d
 
 
+def _copy(ckpt: Path, where: Path, name: str) -> Path:
+    """A copy of the checkpoint ``ckpt`` at ``where / name``."""
+    return Path(shutil.copytree(ckpt, where / name))
+
+
 def _damaged(ckpt: Path, where: Path, cut: int | None) -> Path:
     """A copy of ``ckpt`` whose model.safetensors keeps its first ``cut`` bytes (``None``: half of them)."""
-    d = where / f"cut{cut}"
-    shutil.copytree(ckpt, d)
+    d = _copy(ckpt, where, f"cut{cut}")
     f = d / "model.safetensors"
     data = f.read_bytes()
     f.write_bytes(data[: len(data) // 2 if cut is None else cut])
@@ -51,8 +55,7 @@ def test_a_truncated_safetensors_file_is_named(ckpt, tmp_path, cut):
 
 
 def test_sharded_checkpoints_check_every_shard(ckpt, tmp_path):
-    d = tmp_path / "sharded"
-    shutil.copytree(ckpt, d)
+    d = _copy(ckpt, tmp_path, "sharded")
     (d / "model.safetensors").rename(d / "model-00001-of-00002.safetensors")
     data = (d / "model-00001-of-00002.safetensors").read_bytes()
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
@@ -70,8 +73,7 @@ def test_sharded_checkpoints_check_every_shard(ckpt, tmp_path):
 
 
 def test_an_empty_torch_weights_file_is_named(ckpt, tmp_path):
-    d = tmp_path / "bin"
-    shutil.copytree(ckpt, d)
+    d = _copy(ckpt, tmp_path, "bin")
     (d / "model.safetensors").unlink()
     (d / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(WeightsError, match=r"pytorch_model\.bin: empty"):
@@ -79,8 +81,7 @@ def test_an_empty_torch_weights_file_is_named(ckpt, tmp_path):
 
 
 def test_the_weights_hash_follows_the_bytes(ckpt, tmp_path):
-    same = tmp_path / "same"
-    shutil.copytree(ckpt, same)
+    same = _copy(ckpt, tmp_path, "same")
     assert weights_hash(same) == weights_hash(ckpt)
     (same / "tokenizer_config.json").write_text("{}")  # not a weights file
     assert weights_hash(same) == weights_hash(ckpt)
@@ -103,6 +104,20 @@ def test_register_and_eval_refuse_a_truncated_checkpoint_naming_the_file(ckpt, t
                       "--no-progress", "--json")
     assert rc == ExitCode.INPUT and name in err and err.count("\n") == 1, (rc, err)
     assert not (tmp_path / "runs" / "mlflow.db").exists() or _cli(capsys, "registry", "list", "m")[0] == ExitCode.USAGE
+
+
+@pytest.mark.parametrize(("name", "text", "why"), [("config.json", '{"model_type": "llama",', "not valid JSON"),
+                                                    ("tokenizer_config.json", "[1, 2]", "not a JSON object")])
+def test_eval_refuses_a_malformed_config_file_naming_it(ckpt, tmp_path, capsys, name, text, why):
+    """A checkpoint whose config.json (or tokenizer config) is not a JSON object: exit 3, one line naming the file,
+    before transformers reads it (its own error is an OSError, exit 1)."""
+    bad = _copy(ckpt, tmp_path, "bad")
+    (bad / name).write_text(text)
+    with pytest.raises(WeightsError, match=why):
+        check_weights(bad)
+    rc, _, err = _cli(capsys, "eval", "calculator", "--policy", str(bad), "--tasks", "1", "--max-new-tokens", "4",
+                      "--no-progress", "--json")
+    assert rc == ExitCode.INPUT and str(bad / name) in err and why in err and err.count("\n") == 1, (rc, err)
 
 
 def _eval_json(capsys, tmp_path: Path, policy: str, name: str) -> Path:

@@ -5,22 +5,15 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from toolgym.envs.registration import register_envs
-from toolgym.moved import alias_moved_modules
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult
 from toolgym.tools.executor import ToolCache, ToolExecutor
 from toolgym.tools.function import FunctionTool, tool
 from toolgym.trajectory import Trajectory, Turn
 
 __version__ = "0.1.0"
-
-# bitsandbytes (the [train] extra's 8-bit AdamW; peft imports it whenever it is installed) logs a warning at import
-# about an optional 4-bit CPU kernel package toolgym never uses: it would be an extra stderr line in every
-# command that imports TRL or peft (a CLI error is one line)
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __all__ = [
     "FunctionTool",
@@ -42,21 +35,6 @@ __all__ = [
 ]
 
 
-
-#: old module path -> where it lives (``import toolgym.eval`` still works, with a DeprecationWarning)
-MOVED_MODULES = {
-    "toolgym.cli_bench": "toolgym.cli.bench",
-    "toolgym.cli_common": "toolgym.cli.common",
-    "toolgym.cli_eval": "toolgym.cli.eval",
-    "toolgym.cli_view": "toolgym.cli.view",
-    "toolgym.eval": "toolgym.evaluation.runner",
-    "toolgym.tasks": "toolgym.evaluation.tasks",
-    "toolgym.plots": "toolgym.report.plots",
-    "toolgym.vector": "toolgym.envs.vector",
-    "toolgym.viewer": "toolgym.report.viewer",
-}
-
-
 def __getattr__(name: str) -> Any:
     # on first use: toolgym.rewards pulls in aiohttp and the vector env thread pools, which ``import toolgym`` need
     # not pay
@@ -75,5 +53,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'toolgym' has no attribute {name!r}")
 
 
-alias_moved_modules(MOVED_MODULES)
 register_envs()

@@ -30,6 +30,7 @@ from toolgym.tools.executor import ToolExecutor
 __all__ = [
     "LatencyRow",
     "Stats",
+    "build_parser",
     "builtin_calls",
     "format_table",
     "load_calls",
@@ -307,12 +308,9 @@ def format_table(rows: Sequence[LatencyRow]) -> str:
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
-def main(argv: Sequence[str] | None = None, *, prog: str = "toolgym bench tools") -> int:
-    """``toolgym bench tools`` / ``toolgym bench mcp``: time a user's tools. Returns an exit code (0 ok, 1 a tool
-    could not be started, 2 bad arguments, 3 an unreadable module, config or calls file)."""
+def build_parser(prog: str = "toolgym bench tools") -> Any:
+    """The ``argparse`` parser of :func:`main`."""
     import argparse
-
-    from toolgym import runtime
 
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=(
         "examples:\n"
@@ -336,6 +334,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "toolgym bench tools"
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per call (both paths)")
     ap.add_argument("--episodes", type=int, default=8, help="--env: oracle episodes whose calls are timed")
     ap.add_argument("--json", metavar="OUT.json", help="also write the rows as JSON")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "toolgym bench tools") -> int:
+    """``toolgym bench tools`` / ``toolgym bench mcp``: time a user's tools. Returns an exit code (0 ok, 1 a tool
+    could not be started, 2 bad arguments, 3 an unreadable module, config or calls file)."""
+    from toolgym import runtime
+
+    ap = build_parser(prog)
     args = ap.parse_args(list(argv or []))
     try:
         concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]

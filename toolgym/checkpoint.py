@@ -24,68 +24,22 @@ composition, so the same batching reproduces the run's figure to the episode.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AUTOCAST_DTYPES", "RUN_SETTINGS_FILE", "TASK_SELECTION_KWARGS", "RunSettingsError", "autocast_context",
-           "check_autocast", "episode_env_kwargs", "read_run_settings", "write_run_settings"]
+# autocast_context is imported from here by toolgym.rollout.policies
+from toolgym.precision import AUTOCAST_DTYPES, autocast_context, check_autocast  # noqa: F401
+
+__all__ = ["RUN_SETTINGS_FILE", "TASK_SELECTION_KWARGS", "RunSettingsError", "episode_env_kwargs",
+           "read_run_settings", "save_checkpoint", "write_run_settings"]
 
 #: The file name inside a checkpoint directory.
 RUN_SETTINGS_FILE = "toolgym_run.json"
 _FORMAT = 1
-
-
-#: the ``torch.autocast`` dtypes a policy may generate in (``TransformersPolicy(autocast=...)``) and a checkpoint
-#: may record (``None``: the model's own dtype, no autocast)
-AUTOCAST_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
-
-
-def check_autocast(dtype: str | None) -> str | None:
-    """``dtype`` if it is ``None`` or one of :data:`AUTOCAST_DTYPES`, else a ``ValueError`` naming the choices."""
-    if dtype is not None and dtype not in AUTOCAST_DTYPES:
-        raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_DTYPES)} or None; got {dtype!r}")
-    return dtype
-
-
-def autocast_context(device_type: str, dtype: str | None, model: Any = None) -> contextlib.AbstractContextManager[Any]:
-    """``torch.autocast(device_type, dtype)`` for a dtype name of :data:`AUTOCAST_DTYPES`, or a no-op context for
-    ``None``. Autocast is per thread: enter it in the thread that runs the model.
-
-    ``model`` (for generation, entered under ``torch.no_grad()``): its *frozen* float32 weights are cast once per
-    context too. Autocast caches the low-precision copy of a weight only when the weight requires grad, so a frozen
-    one (e.g. a tied embedding / LM head left out of training) would be cast again at every decoding step
-    (``docs/training.md`` measures it). For the duration they are marked as
-    requiring grad (no graph is built under ``no_grad``); the cast values, and so the tokens, are the same. With
-    grad enabled, ``model`` is ignored."""
-    if check_autocast(dtype) is None:
-        return contextlib.nullcontext()
-    import torch
-
-    ctx = torch.autocast(device_type, dtype=getattr(torch, dtype))
-    if model is None or torch.is_grad_enabled():
-        return ctx
-    stack = contextlib.ExitStack()
-    stack.enter_context(_frozen_weights_cacheable(model))
-    stack.enter_context(ctx)
-    return stack
-
-
-@contextlib.contextmanager
-def _frozen_weights_cacheable(model: Any) -> Any:
-    import torch
-
-    frozen = [p for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32]
-    for p in frozen:
-        p.requires_grad_(True)
-    try:
-        yield
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
 
 
 class RunSettingsError(ValueError):
@@ -186,3 +140,23 @@ def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | No
     data.setdefault("env_kwargs", {})
     data.setdefault("eval", {})
     return data
+
+
+def save_checkpoint(model: Any, tokenizer: Any, path: str | os.PathLike[str], *, chat_template: str | None = None,
+                    run_settings: Mapping[str, Any] | None = None) -> Path:
+    """Save ``model`` and a copy of ``tokenizer`` (with ``chat_template`` if given) in Hugging Face format, so
+    ``toolgym.models.load_model(path)`` loads both. The shared tokenizer object is not mutated.
+
+    ``run_settings``: keyword arguments of :func:`write_run_settings` (``env_id``, ``env_kwargs`` such as the system
+    prompt and chat template, ``max_turn_tokens``, ``eval``), written as ``toolgym_run.json`` so
+    ``toolgym eval --policy path`` renders the prompt the model was trained on. Returns the directory."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(p), safe_serialization=True)
+    tok = copy.deepcopy(tokenizer)
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    tok.save_pretrained(str(p))
+    if run_settings is not None:
+        write_run_settings(p, **run_settings)
+    return p

@@ -2,13 +2,16 @@
 
 ``toolgym eval`` (before it loads a model directory) and ``toolgym registry register`` (before it uploads one) call
 :func:`check_weights`: a truncated or empty weights file is one line naming the file, exit 3, instead of a load
-error deep in transformers (exit 1) or a registered version nobody can load. The checks read headers only:
+error deep in transformers (exit 1) or a registered version nobody can load. The checks read headers (and the small
+JSON files) only:
 
 * ``*.safetensors``: the 8-byte header length and the JSON header fit in the file, and every tensor's
   ``data_offsets`` end within it;
 * ``*.index.json`` (sharded): every shard it names exists beside it and passes its own check;
 * ``*.bin`` (torch): not empty; a zip archive (torch's format since 1.6) has its central directory, an older
-  pickle starts with the pickle opcode.
+  pickle starts with the pickle opcode;
+* the JSON files transformers reads with the weights (:data:`CONFIG_FILES`: ``config.json``, the tokenizer's):
+  where present, each parses as a JSON object.
 
 :func:`weights_hash` is the SHA-256 over the sorted weight files' names and bytes (streamed): ``toolgym eval
 --json`` records it as what it evaluated, and the registry refuses an evaluation whose hash is not the
@@ -26,11 +29,15 @@ from pathlib import Path
 
 from toolgym.errors import CLIError, ExitCode
 
-__all__ = ["WEIGHT_FILES", "WeightsError", "check_weights", "weight_files", "weights_hash"]
+__all__ = ["CONFIG_FILES", "WEIGHT_FILES", "WeightsError", "check_weights", "weight_files", "weights_hash"]
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
 """The weight files a model (or adapter) directory may hold, in the order transformers looks for them."""
+
+CONFIG_FILES = ("config.json", "generation_config.json", "adapter_config.json", "tokenizer_config.json",
+                "tokenizer.json", "special_tokens_map.json")
+"""The JSON files beside the weights that loading a model directory reads, where present."""
 
 _MAX_HEADER = 100_000_000  # the safetensors library's own limit on the JSON header
 
@@ -125,7 +132,8 @@ def check_weights(directory: str | os.PathLike[str]) -> list[Path]:
     """Check that the weight files of a model directory are whole (see the module docstring); returns them.
 
     Raises:
-        WeightsError (exit 3): no weights file, or one that is missing, truncated, empty or damaged (named).
+        WeightsError (exit 3): no weights file, or one that is missing, truncated, empty or damaged, or a file of
+            :data:`CONFIG_FILES` that is not a JSON object (named).
     """
     files = weight_files(directory)
     if not files:
@@ -133,7 +141,23 @@ def check_weights(directory: str | os.PathLike[str]) -> list[Path]:
     for f in files:
         if not f.name.endswith(".index.json"):
             _check_file(f)
+    for name in CONFIG_FILES:
+        _check_json_object(Path(directory) / name)
     return files
+
+
+def _check_json_object(path: Path) -> None:
+    """Nothing when ``path`` is absent or holds a JSON object; else :class:`WeightsError` naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return
+    except json.JSONDecodeError as e:
+        raise WeightsError(f"{path}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise WeightsError(f"{path}: cannot read it ({e})") from None
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: not a JSON object (a {type(data).__name__})")
 
 
 def weights_hash(directory: str | os.PathLike[str], files: list[Path] | None = None) -> str:

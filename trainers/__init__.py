@@ -21,8 +21,6 @@ import os
 from collections.abc import Iterator, Mapping
 from types import ModuleType
 
-from toolgym.moved import alias_moved_modules
-
 # the run preamble's environment, set once for every algorithm before TRL or tokenizers load
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's warning on its experimental rollout_func
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no fork warnings from the rollout's tokenizers
@@ -36,24 +34,6 @@ TRL_VERSION = "1.16.0"
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __all__ = ["ALGORITHMS", "TRL_VERSION", "config_class"]
-
-#: old module path -> where it lives (``import trainers.rollout_func`` still works, with a DeprecationWarning)
-MOVED_MODULES = {
-    "trainers.compact": "trainers.demo.compact_prompt",
-    "trainers.dpo_trainer": "trainers.dpo.trainer",
-    "trainers.is_metrics": "trainers.grpo.importance_sampling_metrics",
-    "trainers.memory": "trainers.grpo.efficiency",
-    "trainers.pairs": "trainers.dpo.pairs",
-    "trainers.preflight": "trainers.grpo.preflight",
-    "trainers.promotion": "trainers.tracking.promotion",
-    "trainers.registry": "trainers.tracking.registry",
-    "trainers.rollout_func": "trainers.grpo.rollout_adapter",
-    "trainers.sampling": "trainers.grpo.sampling",
-    "trainers.store": "trainers.tracking.store",
-    "trainers.turn_grpo": "trainers.grpo.trainer",
-    "trainers.zero_advantage": "trainers.grpo.zero_advantage",
-}
-alias_moved_modules(MOVED_MODULES)
 
 
 class _Algorithms(Mapping[str, ModuleType]):

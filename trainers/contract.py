@@ -1,5 +1,6 @@
 """What every algorithm of :data:`trainers.ALGORITHMS` shares: :class:`RunResult` (what ``run`` returns) and the
-run preamble (:func:`prepare`: threads and seed; :func:`load_policy`: the model and tokenizer).
+run preamble (:func:`prepare`: threads and seed; :func:`load_policy`: the model and tokenizer) and its end
+(:func:`save_trained`: the trained model and its tokenizer in one directory).
 
 The rest of the preamble is elsewhere, once: TRL's log silencing is set in ``trainers/__init__.py`` (it runs
 before any algorithm module), ``sys.path`` for script launches in ``trainers/cli.py`` (the one script entry).
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunResult", "load_policy", "prepare"]
+__all__ = ["RunResult", "load_policy", "prepare", "save_trained"]
 
 
 @dataclass
@@ -56,3 +57,12 @@ def load_policy(model: str | None, *, dtype: str = "float32", seed: int = 0) -> 
         tok = load_tokenizer(None)
         return tiny_random_model(tok, seed=seed), tok
     return load_model(model, dtype=getattr(torch, dtype))
+
+
+def save_trained(saver: Any, tokenizer: Any, output_dir: Any) -> None:
+    """Save a trained model and its tokenizer into ``output_dir`` in Hugging Face format. ``saver`` is a TRL / HF
+    trainer (saved through ``save_model``, which gathers sharded weights on rank 0) or a bare model
+    (``save_pretrained``)."""
+    save = getattr(saver, "save_model", None) or saver.save_pretrained
+    save(str(output_dir))
+    tokenizer.save_pretrained(str(output_dir))

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.trajectory import Trajectory
-from trainers.contract import RunResult
+from trainers.contract import RunResult, save_trained
 from trainers.runconfig import opt
 
 __all__ = [
@@ -177,8 +177,7 @@ def train_reward_model(
     trainer.train()
     model.eval()
     if save:
-        trainer.save_model(str(output_dir))
-        tokenizer.save_pretrained(str(output_dir))
+        save_trained(trainer, tokenizer, output_dir)
     return trainer
 
 

@@ -219,8 +219,7 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
             f"{stats['kept']}, {stats['sft_steps']} SFT steps (loss {loss}){ev}  ({stats['wall_s']:.0f} s)")
     model_dir = None
     if cfg.save:
-        from toolgym.checkpoint import episode_env_kwargs
-        from trainers.demo.compact_prompt import save_checkpoint
+        from toolgym.checkpoint import episode_env_kwargs, save_checkpoint
 
         save_checkpoint(model, tokenizer, out, run_settings={
             "env_id": cfg.env_id, "env_kwargs": episode_env_kwargs(cfg.env_kwargs),

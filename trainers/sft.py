@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.checkpoint import autocast_context
+from toolgym.precision import autocast_context
 from toolgym.resources import trim_heap as toolgym_trim_heap
 from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
-from trainers.contract import RunResult
+from trainers.contract import RunResult, save_trained
 from trainers.runconfig import opt
 
 __all__ = [
@@ -161,6 +161,20 @@ def make_optimizer(params: Sequence[Any], name: str, *, lr: float) -> Any:
     raise ValueError(f"unknown optim {name!r} (one of {', '.join(OPTIMIZERS)})")
 
 
+def make_scheduler(opt: Any, schedule: str, *, lr: float, steps: int) -> Any:
+    """The learning-rate schedule of :func:`masked_sft` over ``steps`` optimizer steps: ``"linear"`` (decay to 0),
+    ``"constant"`` or ``"onecycle"`` (10% warm-up to ``lr``, cosine down)."""
+    import torch
+
+    if schedule == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    if schedule == "linear":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1.0 - k / steps))
+    if schedule == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+    raise ValueError(f"masked_sft: unknown schedule {schedule!r} (linear, constant, onecycle)")
+
+
 def masked_sft(
     model: Any,
     trajectories: Sequence[Trajectory | Mapping[str, Any]],
@@ -183,8 +197,7 @@ def masked_sft(
 
     Each step draws ``batch_size`` trajectories without replacement (a seeded permutation, reshuffled per epoch),
     takes one AdamW step (no weight decay) on :func:`masked_sft_loss`, clips the gradient norm to
-    ``max_grad_norm``. ``schedule``: ``"linear"`` (decay to 0, like ``transformers``' default), ``"constant"``,
-    or ``"onecycle"`` (10% warm-up, cosine down). ``on_step(step, loss)`` is called after each step.
+    ``max_grad_norm``; ``schedule``: :func:`make_scheduler`'s. ``on_step(step, loss)`` is called after each step.
     ``micro_batch_size``: run each step's forward/backward in chunks of this many trajectories and accumulate the
     gradient (each chunk's loss weighted by its share of the step's policy tokens, so the step's loss and gradient
     are those of the whole batch up to float rounding); bounds activation memory. ``None``: the whole batch.
@@ -204,14 +217,7 @@ def masked_sft(
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optim, lr=lr)
     device = next(model.parameters()).device
-    if schedule == "onecycle":
-        sched: Any = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    elif schedule == "linear":
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1.0 - k / steps))
-    elif schedule == "constant":
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
-    else:
-        raise ValueError(f"masked_sft: unknown schedule {schedule!r} (linear, constant, onecycle)")
+    sched = make_scheduler(opt, schedule, lr=lr, steps=steps)
     model.train()
     losses: list[float] = []
     order: list[int] = []
@@ -299,8 +305,7 @@ def train_sft(
     trainer.train()
     model.eval()
     if save:
-        trainer.save_model(str(output_dir))
-        tokenizer.save_pretrained(str(output_dir))
+        save_trained(trainer, tokenizer, output_dir)
     return trainer
 
 
@@ -410,8 +415,7 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     trainer.train()
     model.eval()
     if config.save_model:
-        trainer.save_model(str(out))
-        tokenizer.save_pretrained(str(out))
+        save_trained(trainer, tokenizer, out)
         _record_run_settings(config, out, autocast="bfloat16" if args.bf16 else None)
     metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
                "global_step": int(trainer.state.global_step),
@@ -477,8 +481,7 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
           f"{summarize(every)}")
     out, traj_path = _write_kept(config, args, kept_all)
     if config.save_model:
-        model.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
+        save_trained(model, tokenizer, out)
         _record_run_settings(config, out, autocast=None)  # masked SFT here runs without autocast
     metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
                "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}

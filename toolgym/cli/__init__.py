@@ -8,30 +8,7 @@ argument checks, error printing and exit codes).
 
 from __future__ import annotations
 
-from toolgym.cli.main import (
-    BENCHMARKS,
-    SERVERS,
-    CLIError,
-    ExitCode,
-    build_parser,
-    check_reachable,
-    env_construction_error,
-    main,
-    parse_env_kwargs,
-    resolve_env_id,
-    summary_line,
-)
+from toolgym.cli import main as _main
+from toolgym.cli.main import *  # noqa: F403  (the command's public names are main's)
 
-__all__ = [
-    "BENCHMARKS",
-    "SERVERS",
-    "CLIError",
-    "ExitCode",
-    "build_parser",
-    "check_reachable",
-    "env_construction_error",
-    "main",
-    "parse_env_kwargs",
-    "resolve_env_id",
-    "summary_line",
-]
+__all__ = list(_main.__all__)

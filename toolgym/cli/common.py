@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import urllib.error
 import urllib.request
@@ -18,7 +17,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.envs.resolve import env_construction_error, import_user_module, resolve_env_id
 from toolgym.errors import CLIError, ExitCode
+from toolgym.serve.access import add_ui_arguments
 
 __all__ = [
     "CLIError",
@@ -46,62 +47,6 @@ __all__ = [
 def print_error(message: str) -> None:
     """One ``toolgym: error: MESSAGE`` line on stderr."""
     print(f"toolgym: error: {message}", file=sys.stderr)
-
-
-def resolve_env_id(name: str) -> str:
-    """A registered env id from ``name``: a toolgym id in any spelling (``toolgym/Calculator-v0``,
-    ``Calculator-v0``, ``calculator``), any id in Gymnasium's registry, or ``module:Env-v0`` (imports ``module``,
-    which registers the env, as ``gym.make`` does; returned unchanged).
-
-    Raises:
-        CLIError (usage): unknown env or module (the message lists the registered ones).
-    """
-    import gymnasium as gym
-
-    from toolgym.envs.registration import ENVS
-
-    if name in ENVS:
-        return name
-    if ":" in name:
-        mod, _, env_id = name.partition(":")
-        try:
-            import_user_module(mod)
-        except CLIError as e:
-            raise CLIError(f"env {name!r}: {e.message}", ExitCode.USAGE) from None
-        if env_id not in gym.registry:
-            raise CLIError(f"env {name!r}: module {mod!r} registers no env {env_id!r}", ExitCode.USAGE)
-        return name
-    if name in gym.registry:
-        return name
-    low = name.lower()
-    for k in ENVS:
-        short = k.split("/", 1)[-1]
-        if low in (k.lower(), short.lower(), short.rsplit("-v", 1)[0].lower()):
-            return k
-    raise CLIError(f"unknown env {name!r}; registered envs: {', '.join(ENVS)} (see `toolgym list`; a user env: "
-                   "module:Env-v0)", ExitCode.USAGE)
-
-
-def env_construction_error(env_id: str, exc: BaseException) -> CLIError:
-    """A one-line :class:`CLIError` for an env that could not be built: a missing/unreadable/malformed file
-    (config, tasks) -> input (3); an unreachable service -> unreachable (4); a bad argument value or name ->
-    usage (2); anything else -> failure (1). No raw exception-class prefixes."""
-    import gymnasium as gym
-
-    msg = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, FileNotFoundError | IsADirectoryError | PermissionError | UnicodeDecodeError | json.JSONDecodeError):
-        where = getattr(exc, "filename", None)
-        detail = getattr(exc, "strerror", None) or msg
-        return CLIError(f"{env_id}: cannot read {where}: {detail}" if where else f"{env_id}: {detail}", ExitCode.INPUT)
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return CLIError(f"{env_id}: cannot reach a service: {msg}", ExitCode.UNREACHABLE)
-    from toolgym.errors import InputFileError
-
-    if isinstance(exc, InputFileError):
-        return CLIError(f"{env_id}: {msg}", ExitCode.INPUT)
-    if isinstance(exc, TypeError | ValueError | ImportError | gym.error.Error):
-        return CLIError(f"bad env arguments for {env_id}: {msg}", ExitCode.USAGE)
-    return CLIError(f"{env_id}: {msg}", ExitCode.FAILURE)
 
 
 def parse_env_kwargs(items: Sequence[str]) -> dict[str, Any]:
@@ -207,25 +152,6 @@ def check_report_to(args: argparse.Namespace) -> None:
     if getattr(args, "report_to", None):
         args.report_to_checked = [name for module, names in report_backends(args.report_to)
                                   for name in module.check_report_backends(names)]
-
-
-def import_user_module(name: str) -> None:
-    """Import ``name`` (``--import MODULE``, ``module:Env-v0``) the way ``python -m`` would find it: the current
-    directory is importable (a console script such as ``toolgym`` does not put it on ``sys.path`` by itself).
-
-    Raises:
-        CLIError (usage): the module cannot be imported (the message names it and the reason).
-    """
-    import importlib
-
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        importlib.import_module(name)
-    except ImportError as e:
-        raise CLIError(f"cannot import module {name!r} ({e}); it is looked up on sys.path, which includes the "
-                       "current directory", ExitCode.USAGE) from None
 
 
 def nonnegative_float(text: str) -> float:
@@ -335,17 +261,6 @@ def print_placement(args: argparse.Namespace) -> None:
     or a server."""
     if getattr(args, "placement", None):
         print(f"toolgym: {args.placement}", file=sys.stderr)
-
-
-def add_ui_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``toolgym ui`` (parsed by ``trainers.ui.server``; declared here once so that ``toolgym --help``
-    and the docs check see them)."""
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
-                   "token)")
-    p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
-    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
-    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")
 
 
 def apply_run_settings(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> dict[str, Any] | None:

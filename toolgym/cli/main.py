@@ -15,7 +15,7 @@ Subcommands::
     toolgym bench vector|tools|retrieval|rollout|mcp|sandbox|judge [ARGS ...]   (ARGS go to the script)
     toolgym serve retriever|mcp|model [ARGS ...]                              (ARGS go to the server)
     toolgym registry register|attach-eval|list|promote ARGS   model registry on MLflow (trainers/tracking/registry.py)
-    toolgym train grpo|sft|rft|dpo|reward_model [--config FILE.yaml] [--FIELD VALUE ...]   (the [train] extra)
+    toolgym train NAME [--config FILE.yaml] [--FIELD VALUE ...]   an algorithm of trainers.ALGORITHMS ([train] extra)
     toolgym ui [--host 127.0.0.1] [--port 7860] [--runs runs/] [--token-file F]   web page (the [ui] extra)
 
 Exit codes (:class:`ExitCode`), stable for scripts:
@@ -262,11 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ui", help="the web page: tools, rewards, training jobs, runs, evaluation and registry "
                        "(docs/ui.md; the [ui] extra)")
     add_ui_arguments(s)
-    s = sub.add_parser("train", help="train with an algorithm of trainers.ALGORITHMS: grpo, sft, rft, dpo, "
-                       "reward_model (`toolgym train --help`)",
+    s = sub.add_parser("train", help="train with an algorithm of trainers.ALGORITHMS (`toolgym train --help` lists "
+                       "them)",
                        description="toolgym train NAME [--config FILE.yaml] [--FIELD VALUE ...]: see "
                                    "docs/training.md (needs the [train] extra)")
-    s.add_argument("algorithm", help="grpo, sft, rft, dpo or reward_model")
+    s.add_argument("algorithm", help="a name in trainers.ALGORITHMS (`toolgym train --help` lists them)")
     s.add_argument("args", nargs=argparse.REMAINDER, help="--config FILE.yaml and field overrides")
     return p
 

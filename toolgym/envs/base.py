@@ -251,6 +251,21 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         }
         return _EMPTY, 0.0, False, True, info
 
+    def _bounded_observation(self, answer: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+        """The env's answer as messages and their observation tokens, each message's content bounded by
+        ``max_obs_chars`` characters (before anything is tokenised: megabytes stay cheap), then by tokens."""
+        conv = self.conversation
+        assert conv is not None
+        msgs = [{**m, "content": str(m.get("content", ""))} for m in answer]
+        for m in msgs:
+            if len(m["content"]) > self.max_obs_chars:
+                m["content"] = m["content"][: self.max_obs_chars] + TRUNCATED_MARK
+        obs_ids = conv.observation(msgs)
+        if self._may_need_clip(msgs, obs_ids):  # rare: measure each message alone, cut, re-encode
+            msgs = [{**m, "content": self._clip(m["content"])} for m in msgs]
+            obs_ids = conv.observation(msgs)
+        return msgs, obs_ids
+
     async def _astep(self, action: Any, t0: float) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         conv, traj = self.conversation, self.trajectory
         assert conv is not None and traj is not None
@@ -275,14 +290,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         obs = _EMPTY
         answer = await self.env_response(turn)
         if answer is not None:
-            msgs = [{**m, "content": str(m.get("content", ""))} for m in answer]
-            for m in msgs:  # bound by characters before anything is tokenised (megabytes stay cheap)
-                if len(m["content"]) > self.max_obs_chars:
-                    m["content"] = m["content"][: self.max_obs_chars] + TRUNCATED_MARK
-            obs_ids = conv.observation(msgs)
-            if self._may_need_clip(msgs, obs_ids):  # rare: measure each message alone, cut, re-encode
-                msgs = [{**m, "content": self._clip(m["content"])} for m in msgs]
-                obs_ids = conv.observation(msgs)
+            msgs, obs_ids = self._bounded_observation(answer)
             if turn.index + 1 >= self.max_turns:
                 truncated = True
             elif len(conv) + len(obs_ids) >= self.max_episode_tokens:

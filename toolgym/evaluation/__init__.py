@@ -6,38 +6,9 @@ trainers' task draws go through here. Nothing here imports ``trainers/``, TRL or
 
 from __future__ import annotations
 
-from toolgym.evaluation.runner import (
-    EvalReport,
-    evaluate,
-    has_oracle,
-    mean_at_k,
-    oracle_policy,
-    paired_difference_ci,
-    pass_at_k,
-    wilson_interval,
-)
-from toolgym.evaluation.tasks import (
-    TaskFileError,
-    TaskSelectionError,
-    draw_tasks,
-    round_tasks,
-    select_tasks,
-    task_id,
-)
+from toolgym.evaluation import runner as _runner
+from toolgym.evaluation import tasks as _tasks
+from toolgym.evaluation.runner import *  # noqa: F403
+from toolgym.evaluation.tasks import *  # noqa: F403
 
-__all__ = [
-    "EvalReport",
-    "TaskFileError",
-    "TaskSelectionError",
-    "draw_tasks",
-    "evaluate",
-    "has_oracle",
-    "mean_at_k",
-    "oracle_policy",
-    "paired_difference_ci",
-    "pass_at_k",
-    "round_tasks",
-    "select_tasks",
-    "task_id",
-    "wilson_interval",
-]
+__all__ = sorted({*_runner.__all__, *_tasks.__all__})

@@ -335,14 +335,9 @@ def evaluate(
             kw["split"] = split
         owned = venv = make_vector_env(venv, num_envs, kw)
     base = base_env(venv)
-    env_id = getattr(getattr(venv, "spec", None), "id", None) or getattr(getattr(base, "spec", None), "id", None)
-    env_id = env_id or (env_id_or_vector_env if isinstance(env_id_or_vector_env, str) else type(base).__name__)
+    env_id = _env_id(venv, env_id_or_vector_env)
     try:
-        if isinstance(tasks, str | int | os.PathLike):
-            rows = select_tasks(venv, tasks=tasks, seed=seed, split=split)
-        else:
-            rows = [dict(r) for r in tasks]
-            check_unique(rows, "tasks")
+        rows = _task_rows(venv, tasks, seed, split)
         if isinstance(policy, str):
             if policy != "oracle":
                 raise ValueError(f"policy must be a Policy or 'oracle', got {policy!r}")
@@ -370,10 +365,26 @@ def evaluate(
         if owned is not None:
             owned.close()
     return _report(
-        trajs, ids, k, env_id=str(env_id), split=split or getattr(base, "split", None), seed=seed,
+        trajs, ids, k, env_id=env_id, split=split or getattr(base, "split", None), seed=seed,
         policy=policy_name or type(policy).__name__, wall_s=wall, out=None if out is None else str(out),
         generated_tokens=driver.stats.generated_tokens, success_threshold=success_threshold,
     )
+
+
+def _env_id(venv: Any, given: Any) -> str:
+    """The id of the env evaluated: the vector env's spec, its first sub-env's, the id given, or the class name."""
+    base = base_env(venv)
+    env_id = getattr(getattr(venv, "spec", None), "id", None) or getattr(getattr(base, "spec", None), "id", None)
+    return str(env_id or (given if isinstance(given, str) else type(base).__name__))
+
+
+def _task_rows(venv: Any, tasks: Any, seed: int, split: str | None) -> list[dict[str, Any]]:
+    """The task rows of ``tasks``: a selection for :func:`select_tasks`, or the rows themselves (ids unique)."""
+    if isinstance(tasks, str | int | os.PathLike):
+        return select_tasks(venv, tasks=tasks, seed=seed, split=split)
+    rows = [dict(r) for r in tasks]
+    check_unique(rows, "tasks")
+    return rows
 
 
 def _report(

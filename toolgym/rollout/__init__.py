@@ -14,42 +14,19 @@ owns trajectory files), re-exported here for existing imports.
 This package never imports ``trainers/``, TRL or vLLM; torch and transformers are imported lazily.
 """
 
-from toolgym.rollout.driver import RolloutDriver, Schedule, attach_logprobs
-from toolgym.rollout.padding import left_pad
-from toolgym.rollout.policies import OpenAIPolicy, ScriptedPolicy, TransformersPolicy
-from toolgym.rollout.turn_cache import TurnCache
-from toolgym.rollout.types import (
-    DEFAULT_LOGPROBS_MODE,
-    LOGPROBS_MODES,
-    EpisodeState,
-    Generation,
-    GenerationRequest,
-    LogprobsMode,
-    Policy,
-    RolloutStats,
-    flatten_logprobs,
-)
-from toolgym.trajectory import read_trajectories, summarize, write_trajectories
+from toolgym.rollout import driver as _driver
+from toolgym.rollout import padding as _padding
+from toolgym.rollout import policies as _policies
+from toolgym.rollout import turn_cache as _turn_cache
+from toolgym.rollout import types as _types
+from toolgym.rollout.driver import *  # noqa: F403
+from toolgym.rollout.padding import *  # noqa: F403
+from toolgym.rollout.policies import *  # noqa: F403
+from toolgym.rollout.turn_cache import *  # noqa: F403
+from toolgym.rollout.types import *  # noqa: F403
+from toolgym.trajectory import read_trajectories as read_trajectories
+from toolgym.trajectory import summarize as summarize
+from toolgym.trajectory import write_trajectories as write_trajectories
 
-__all__ = [
-    "DEFAULT_LOGPROBS_MODE",
-    "LOGPROBS_MODES",
-    "EpisodeState",
-    "Generation",
-    "GenerationRequest",
-    "LogprobsMode",
-    "OpenAIPolicy",
-    "Policy",
-    "RolloutDriver",
-    "RolloutStats",
-    "Schedule",
-    "ScriptedPolicy",
-    "TransformersPolicy",
-    "TurnCache",
-    "attach_logprobs",
-    "flatten_logprobs",
-    "left_pad",
-    "read_trajectories",
-    "summarize",
-    "write_trajectories",
-]
+__all__ = sorted({*_driver.__all__, *_padding.__all__, *_policies.__all__, *_turn_cache.__all__, *_types.__all__,
+                  "read_trajectories", "summarize", "write_trajectories"})

@@ -21,8 +21,8 @@ from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
 
-__all__ = ["LOOPBACK_NAMES", "SERVE_TOKEN_ENV", "add_token_argument", "aiohttp_guard", "asgi_guard", "check_bind", "is_loopback",
-           "read_token", "refusal"]
+__all__ = ["LOOPBACK_NAMES", "SERVE_TOKEN_ENV", "add_token_argument", "add_ui_arguments", "aiohttp_guard", "asgi_guard",
+           "check_bind", "is_loopback", "read_token", "refusal"]
 
 SERVE_TOKEN_ENV = "TOOLGYM_SERVE_TOKEN"  # the token of `toolgym serve mcp|model|retriever`
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -63,6 +63,17 @@ def add_token_argument(p: argparse.ArgumentParser, env: str) -> None:
     """``--token-file`` for a server command (the token's other source is ``$env``)."""
     p.add_argument("--token-file", default=None,
                    help=f"file holding the access token (else ${env}); a non-loopback --host needs one")
+
+
+def add_ui_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``toolgym ui`` (declared in the core, so that ``toolgym --help`` lists them without the training package;
+    the web UI's server parses its command line with them too)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only; any other needs a "
+                   "token)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--runs", default="runs", help="runs directory: jobs, uploads, outputs; every path stays inside")
+    p.add_argument("--token-file", default=None, help="file holding the access token (else $TOOLGYM_UI_TOKEN)")
+    p.add_argument("--max-upload-mb", type=float, default=20.0, help="largest request body (uploads) in MB")
 
 
 def _host_name(host_header: str) -> str:

@@ -29,7 +29,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from toolgym.serve.access import SERVE_TOKEN_ENV as TOKEN_ENV
 from toolgym.serve.access import add_token_argument, check_bind, read_token
@@ -39,6 +39,7 @@ from toolgym.tools.mcp.results import ERROR_KIND_META  # the key the toolgym cli
 __all__ = [
     "ERROR_KIND_META",
     "TOOLSETS",
+    "HTTPOptions",
     "build_server",
     "main",
     "resolve_toolsets",
@@ -187,29 +188,36 @@ async def serve_http(
     await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).serve()
 
 
+class HTTPOptions(TypedDict, total=False):
+    """The keyword options of :func:`serve_http` (defaults there): the endpoint (``host``, ``port``, ``path``), the
+    SDK's streamable-HTTP options (``stateless`` sessions, ``json_response`` instead of SSE), uvicorn's
+    ``log_level`` and the Bearer ``token`` HTTP requests must carry (required for a non-loopback ``host``)."""
+
+    host: str
+    port: int
+    path: str
+    stateless: bool
+    json_response: bool
+    log_level: str
+    token: str | None
+
+
 def run(
     tools: Sequence[str] | Sequence[Tool],
     *,
     transport: str = "stdio",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    path: str = "/mcp",
-    stateless: bool = False,
-    json_response: bool = False,
     name: str = "toolgym",
     default_timeout_s: float = 30.0,
     max_concurrency: int = 512,
-    token: str | None = None,
+    **http: Unpack[HTTPOptions],
 ) -> None:
     """Build the tools (names or instances) and serve them until stopped (blocking).
 
     Args:
         tools: tool-set names / ``"module:factory"`` strings, or Tool instances.
         transport: ``"stdio"`` or ``"http"`` (streamable HTTP; ``"streamable-http"`` also accepted).
-        host, port, path: the HTTP endpoint.
-        stateless, json_response: streamable-HTTP options of the SDK (stateless sessions; JSON instead of SSE).
         default_timeout_s, max_concurrency: the server-side executor's per-call timeout and concurrency cap.
-        token: the Bearer token HTTP requests must carry (required for a non-loopback ``host``).
+        http: :class:`HTTPOptions`, for ``transport="http"``.
     """
     built = [t for t in tools if isinstance(t, Tool)]
     names = [t for t in tools if isinstance(t, str)]
@@ -222,8 +230,7 @@ def run(
     if transport == "stdio":
         coro = serve_stdio(server)
     elif transport in ("http", "streamable-http", "streamable_http"):
-        coro = serve_http(server, host=host, port=port, path=path, stateless=stateless, json_response=json_response,
-                          token=token)
+        coro = serve_http(server, **http)
     else:
         raise ValueError(f"unknown transport {transport!r} (use 'stdio' or 'http')")
     try:

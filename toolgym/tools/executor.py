@@ -242,6 +242,22 @@ class ToolExecutor:
         # every error result is built here (a success's text is made safe in _run, a cache hit's at load)
         return ToolResult(call, safe_text(error_text(kind, message)), kind, **kw)
 
+    async def _validate(self, call: ToolCall, timeout: float) -> ToolResult | None:
+        """The failed result of a call whose arguments break the tool's JSON schema, else ``None``."""
+        if not self.validate or (v := self._validators.get(call.name)) is None:
+            return None
+        if call.name in self._slow_schemas:  # regular expressions: off the loop, under the call's timeout
+            try:
+                async with asyncio.timeout(timeout):
+                    err = await self._lane.run(first_error, v, call.arguments)
+            except TimeoutError:
+                err = f"validating the arguments took longer than the timeout of {timeout:g} s"
+            except ToolError as e:  # the validation threads are all stuck
+                return self._fail(call, e.kind, e.message)
+        else:
+            err = first_error(v, call.arguments)
+        return None if err is None else self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, err)
+
     async def _run(self, call: ToolCall) -> ToolResult:
         if call.parse_error is not None:
             return self._fail(call, ToolErrorKind.PARSE_ERROR, call.parse_error)
@@ -253,19 +269,9 @@ class ToolExecutor:
             return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, "arguments must be a JSON object")
         timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
         t0 = time.perf_counter()
-        if self.validate and (v := self._validators.get(call.name)) is not None:
-            if call.name in self._slow_schemas:  # regular expressions: off the loop, under the call's timeout
-                try:
-                    async with asyncio.timeout(timeout):
-                        err = await self._lane.run(first_error, v, call.arguments)
-                except TimeoutError:
-                    err = f"validating the arguments took longer than the timeout of {timeout:g} s"
-                except ToolError as e:  # the validation threads are all stuck
-                    return self._fail(call, e.kind, e.message)
-            else:
-                err = first_error(v, call.arguments)
-            if err is not None:
-                return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, err)
+        invalid = await self._validate(call, timeout)
+        if invalid is not None:
+            return invalid
         if self.cache is not None and tool.cacheable:
             hit = self.cache.get(call.name, call.arguments)
             if hit is not None:

@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, overload
+from typing import Any, TypedDict, Unpack, overload
 
 from toolgym.tools.base import Tool, ToolError, ToolErrorKind, text_of
 from toolgym.tools.threads import ThreadLane
 
-__all__ = ["FunctionTool", "tool"]
+__all__ = ["FunctionTool", "ToolOptions", "tool"]
+
+
+class ToolOptions(TypedDict, total=False):
+    """The keyword options of :class:`FunctionTool` (and of ``@tool(...)``); their defaults are the class's."""
+
+    name: str | None
+    description: str | None
+    timeout_s: float | None
+    max_concurrency: int | None
+    cacheable: bool
+    max_workers: int | None
+    max_abandoned: int
 
 
 class FunctionTool(Tool):
@@ -85,19 +97,10 @@ def _as_text(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
 @overload
 def tool(fn: Callable[..., Any], /) -> FunctionTool: ...
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    timeout_s: float | None = None,
-    max_concurrency: int | None = None,
-    cacheable: bool = True,
-    max_workers: int | None = None,
-    max_abandoned: int = 16,
-) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+def tool(**options: Unpack[ToolOptions]) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
-def tool(fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
+def tool(fn: Callable[..., Any] | None = None, /, **options: Unpack[ToolOptions]) -> Any:
     """Decorate a function to make it a :class:`FunctionTool`.
 
     The function needs type hints on every argument and a docstring with an ``Args:`` section (that is
@@ -118,4 +121,4 @@ def tool(fn: Callable[..., Any] | None = None, /, **kwargs: Any) -> Any:
     """
     if fn is not None:
         return FunctionTool(fn)
-    return lambda f: FunctionTool(f, **kwargs)
+    return lambda f: FunctionTool(f, **options)

@@ -102,6 +102,27 @@ def connect_readonly(path: str | Path) -> sqlite3.Connection:
     return con
 
 
+def _read_only_authorizer(denied: list[str]) -> Any:
+    """A SQLite authorizer that allows reading and the functions of :data:`ALLOWED_FUNCTIONS`; what it denies is
+    appended to ``denied`` (for the error message)."""
+
+    def authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
+        if action in _ALLOWED:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:  # arg2: the function's name
+            if (arg2 or "").lower() in ALLOWED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            denied.append(f"the function {arg2}()")
+            return sqlite3.SQLITE_DENY
+        what = _ACTION_NAMES.get(action, f"action {action}")
+        if action == sqlite3.SQLITE_PRAGMA and arg1:
+            what = f"PRAGMA {arg1}"
+        denied.append(what)
+        return sqlite3.SQLITE_DENY
+
+    return authorizer
+
+
 def run_query(
     path: str | Path,
     sql: str,
@@ -127,21 +148,7 @@ def run_query(
         raise SQLError("empty query")
     con = connect_readonly(path)
     denied: list[str] = []
-
-    def authorizer(action: int, arg1: str | None, arg2: str | None, db: str | None, source: str | None) -> int:
-        if action in _ALLOWED:
-            return sqlite3.SQLITE_OK
-        if action == sqlite3.SQLITE_FUNCTION:  # arg2: the function's name
-            if (arg2 or "").lower() in ALLOWED_FUNCTIONS:
-                return sqlite3.SQLITE_OK
-            denied.append(f"the function {arg2}()")
-            return sqlite3.SQLITE_DENY
-        what = _ACTION_NAMES.get(action, f"action {action}")
-        if action == sqlite3.SQLITE_PRAGMA and arg1:
-            what = f"PRAGMA {arg1}"
-        denied.append(what)
-        return sqlite3.SQLITE_DENY
-
+    authorizer = _read_only_authorizer(denied)
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     timed_out = False

@@ -136,6 +136,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from transformers import TrainerCallback
 
     import toolgym  # noqa: F401
+    from toolgym.checkpoint import save_checkpoint
     from toolgym.envs.registration import make_vector_env
     from toolgym.evaluation import oracle_policy
     from toolgym.evaluation.tasks import draw_tasks
@@ -144,7 +145,6 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from toolgym.rollout import RolloutDriver, TransformersPolicy
     from toolgym.trajectory import summarize, write_trajectories
     from trainers import ALGORITHMS
-    from trainers.demo.compact_prompt import save_checkpoint
     from trainers.sft import collect, masked_sft
 
     if cfg.threads:

@@ -7,17 +7,13 @@ prefill of those tokens dominates every rollout and evaluation (``docs/training.
 blocks, ``<tool_response>`` turns) is the ChatML tool template unchanged, so the env's parser and masks work as is.
 
 Use the same template for training and evaluation: pass it as the env's ``chat_template`` and save it with a
-checkpoint's tokenizer (:func:`save_checkpoint` does), so ``toolgym.models.load_model(DIR)`` and any env built
+checkpoint's tokenizer (:func:`toolgym.checkpoint.save_checkpoint` does), so ``toolgym.models.load_model(DIR)`` and any env built
 with that tokenizer render the same prompt.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
-
-__all__ = ["COMPACT_SYSTEM_PROMPT", "compact_tools_template", "save_checkpoint"]
+__all__ = ["COMPACT_SYSTEM_PROMPT", "compact_tools_template"]
 
 #: The demo's short Calculator-v0 system prompt (same instruction as the env's default, fewer tokens).
 COMPACT_SYSTEM_PROMPT = "Call the calculator, then reply <answer>RESULT</answer>."
@@ -42,27 +38,3 @@ def compact_tools_template() -> str:
     start = full.index("{%- if tools -%}")
     end = full.index("{%- elif", start)
     return full[:start] + _COMPACT_TOOLS + full[end + len("{%- elif"):]
-
-
-def save_checkpoint(model: Any, tokenizer: Any, path: str | Path, *, chat_template: str | None = None,
-                    run_settings: Mapping[str, Any] | None = None) -> Path:
-    """Save ``model`` and a copy of ``tokenizer`` (with ``chat_template`` if given) in Hugging Face format, so
-    ``toolgym.models.load_model(path)`` loads both. The shared tokenizer object is not mutated.
-
-    ``run_settings``: keyword arguments of :func:`toolgym.checkpoint.write_run_settings` (``env_id``,
-    ``env_kwargs`` such as the system prompt and chat template, ``max_turn_tokens``, ``eval``), written as
-    ``toolgym_run.json`` so ``toolgym eval --policy path`` renders the prompt the model was trained on."""
-    import copy
-
-    from toolgym.checkpoint import write_run_settings
-
-    p = Path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(p), safe_serialization=True)
-    tok = copy.deepcopy(tokenizer)
-    if chat_template is not None:
-        tok.chat_template = chat_template
-    tok.save_pretrained(str(p))
-    if run_settings is not None:
-        write_run_settings(p, **run_settings)
-    return p

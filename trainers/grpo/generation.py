@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from toolgym.checkpoint import autocast_context
+from toolgym.precision import autocast_context
 from toolgym.rollout import Generation, GenerationRequest, TurnCache
 from trainers.grpo.sampling import inverse_cdf_sampling
 

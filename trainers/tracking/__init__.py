@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.errors import CLIError, ExitCode
+from trainers.tracking.store import ensure_store, store_lock
 
 try:  # a real TrainerCallback when transformers is there (always, with the [train] extra)
     from transformers import TrainerCallback as _CallbackBase
@@ -51,9 +52,11 @@ __all__ = [
     "check_report_backends",
     "config_hash",
     "configure_mlflow",
+    "ensure_store",
     "experiment_name",
     "mlflow_callbacks",
     "report_summary",
+    "store_lock",
     "tracking_uri",
 ]
 
@@ -128,9 +131,7 @@ def configure_mlflow(experiment: str | None = None) -> str:
     from trainers.tracking.store import (
         StoreReadOnlyError,
         check_store_writable,
-        ensure_store,
         local_store_path,
-        store_lock,
     )
 
     uri = tracking_uri()

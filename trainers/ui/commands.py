@@ -364,7 +364,7 @@ def _client(uri: str) -> Any:
     except ImportError:
         raise UIError("the Runs page needs the [registry] extra (mlflow)") from None
     from toolgym.errors import CLIError
-    from trainers.tracking.store import ensure_store, store_lock
+    from trainers.tracking import ensure_store, store_lock
 
     try:
         with store_lock(uri):

@@ -55,7 +55,8 @@ class ToolPlayground:
         """Build env ``name`` (any spelling ``toolgym list`` accepts, or ``module:Env-v0``) and return its tools."""
         import gymnasium as gym
 
-        from toolgym.cli.common import CLIError, env_construction_error, resolve_env_id
+        from toolgym.envs.resolve import env_construction_error, resolve_env_id
+        from toolgym.errors import CLIError
 
         name = (name or "").strip()
         if not name:

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 
-from toolgym.cli.common import add_ui_arguments
 from toolgym.errors import CLIError, ExitCode
 from toolgym.serve import access
+from toolgym.serve.access import add_ui_arguments
 from trainers.ui import commands as C
 from trainers.ui.form import SetupStore
 from trainers.ui.jobs import JobError, JobStore, redact

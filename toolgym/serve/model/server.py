@@ -412,16 +412,13 @@ class ModelServer:
                     "prompt_token_ids": s.prompt_ids,
                 }
             )
-        return web.json_response(
-            {
-                "id": f"cmpl-{uuid.uuid4().hex}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": self.served_model_name,
-                "choices": choices,
-                "usage": _usage(prompts, done),
-            }
-        )
+        return self._envelope("cmpl", "text_completion", choices, _usage(prompts, done))
+
+    def _envelope(self, prefix: str, kind: str, choices: list[dict[str, Any]], usage: dict[str, Any],
+                  **extra: Any) -> web.Response:
+        """The OpenAI response object (``id`` = ``PREFIX-<hex>``, ``object`` = ``kind``) around ``choices``."""
+        return web.json_response({"id": f"{prefix}-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()),
+                                  "model": self.served_model_name, "choices": choices, "usage": usage, **extra})
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         if prompt is None or prompt == "" or prompt == []:
@@ -537,17 +534,8 @@ class ModelServer:
                     "token_ids": s.out_ids,
                 }
             )
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{uuid.uuid4().hex}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": self.served_model_name,
-                "choices": choices,
-                "usage": _usage([prompt_ids], done),
-                "prompt_token_ids": prompt_ids,
-            }
-        )
+        return self._envelope("chatcmpl", "chat.completion", choices, _usage([prompt_ids], done),
+                              prompt_token_ids=prompt_ids)
 
 
 def _longest_token_chars(tokenizer: Any) -> int | None:
