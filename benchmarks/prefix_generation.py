@@ -17,7 +17,7 @@ autocast rounding can flip a sampled token, as between batch sizes). The table g
 the ratio on / off. ``toolgym train grpo`` generates through TRL's ``generate()`` with the same
 :func:`~toolgym.rollout.shared_prefix.shared_prefill` (``trainers/grpo/generation.py``).
 
-Run (about 6 minutes on one thread)::
+Run (about 10 minutes on one thread of this repository's 2-core CI machine)::
 
     OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/prefix_generation.py --reps 3 --threads 1
 
