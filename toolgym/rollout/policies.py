@@ -25,6 +25,7 @@ from toolgym.checkpoint import autocast_context, check_autocast
 from toolgym.resources import trim_heap
 from toolgym.rollout.kvcache import cache_kwarg
 from toolgym.rollout.padding import left_pad
+from toolgym.rollout.shared_prefix import shared_prefill
 from toolgym.rollout.turn_cache import TurnCache, generation_cache
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
@@ -75,6 +76,12 @@ class TransformersPolicy:
         turn_cache_mb: keep each row's keys and values, up to this many MiB in all, so that an episode's next turn
             prefills only what the env appended (:class:`toolgym.rollout.turn_cache.TurnCache`; a batch runs on kept
             rows only when all of its rows have one). ``0``: prefill every turn's whole prompt.
+        shared_prefix: rows of a batch with the same prompt (a GRPO group's samples) prefill it once and share its
+            keys and values (:mod:`toolgym.rollout.shared_prefix`; the same logits up to float rounding). Applies
+            to a batch that does not run on kept rows (an episode's first turn).
+
+    Attributes:
+        shared_tokens: prompt tokens not prefilled because their row shared another row's prompt.
     """
 
     concurrent = False
@@ -96,8 +103,11 @@ class TransformersPolicy:
         reserve_cache: bool = True,
         trim_heap: bool | None = None,
         turn_cache_mb: float = 192,
+        shared_prefix: bool = True,
     ) -> None:
         self.model = model
+        self.shared_prefix = shared_prefix
+        self.shared_tokens = 0
         self.reserve_cache = reserve_cache
         self.turn_cache = TurnCache(int(turn_cache_mb * 2**20)) if turn_cache_mb > 0 else None
         if trim_heap is None:
@@ -204,6 +214,9 @@ class TransformersPolicy:
             with torch.no_grad(), autocast_context(device.type, self.autocast, self.model):
                 recorder = sampler if sampler is not None else greedy_lps
                 extra: dict[str, Any] = {"logits_processor": [recorder]} if recorder is not None else {}
+                if call is None and self.shared_prefix:  # a group's prompt prefilled once, its keys and values shared
+                    call = shared_prefill(self.model, ids, attn)
+                    self.shared_tokens += call.saved_tokens if call is not None else 0
                 cache = generation_cache(self.model, ids.shape[0], width + max_new, call, reserve=self.reserve_cache,
                                          keep=self.turn_cache is not None)
                 if cache is not None:

@@ -32,17 +32,24 @@ __all__ = ["TurnCache", "TurnCall", "generation_cache"]
 
 @dataclass
 class TurnCall:
-    """A ``generate()`` call laid out over kept keys and values: ``input_ids`` / ``attention_mask`` ``(B, C + S)``
-    (``C`` cache columns, ``S`` new columns), ``cache_len`` = ``C``, and ``fill(cache)`` writes the kept keys and
-    values into a fresh cache's first ``C`` positions."""
+    """A ``generate()`` call laid out over keys and values computed before it (kept rows of earlier turns, or the
+    shared prompts of :func:`toolgym.rollout.shared_prefix.shared_prefill`): ``input_ids`` / ``attention_mask``
+    ``(B, C + S)`` (``C`` cache columns, ``S`` new columns), ``cache_len`` = ``C``, and ``fill(cache)`` writes the
+    keys and values into a fresh cache's first ``C`` positions. ``rows``: ``None`` when ``layers`` hold one row per
+    call row, else a ``(B,)`` long tensor, the row of ``layers`` each call row takes (rows expanded along the batch
+    dimension while filling); ``saved_tokens``: prompt tokens the call does not prefill."""
 
     input_ids: Any
     attention_mask: Any
     cache_len: int
-    layers: list[tuple[Any, Any]]  # per layer: keys, values (B, kv_heads, C, head_dim)
+    layers: list[tuple[Any, Any]]  # per layer: keys, values (B or U, kv_heads, C, head_dim)
+    rows: Any = None
+    saved_tokens: int = 0
 
     def fill(self, cache: Any) -> None:
         for idx, (k, v) in enumerate(self.layers):
+            if self.rows is not None:  # one layer's expanded copy at a time
+                k, v = k.index_select(0, self.rows), v.index_select(0, self.rows)
             cache.layers[idx].update(k, v)
         self.layers = []
 
@@ -174,7 +181,8 @@ class TurnCache:
             attn[i, width_c + width_s - len(new):] = 1
         self.hits += 1
         self.saved_tokens += sum(kept)
-        return TurnCall(ids.to(input_ids.device), attn.to(attention_mask.device), width_c, layers)
+        return TurnCall(ids.to(input_ids.device), attn.to(attention_mask.device), width_c, layers,
+                        saved_tokens=sum(kept))
 
     def keep(self, model: Any, cache: Any, input_ids: Any, attention_mask: Any, sequences: Any,
              stop_ids: Sequence[int]) -> None:

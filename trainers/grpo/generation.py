@@ -15,9 +15,10 @@ from typing import Any
 
 from toolgym.precision import autocast_context
 from toolgym.rollout import Generation, GenerationRequest, TurnCache
+from toolgym.rollout.turn_cache import TurnCall
 from trainers.grpo.sampling import inverse_cdf_sampling
 
-__all__ = ["TRLPolicy"]
+__all__ = ["SharedPrefixCount", "TRLPolicy"]
 
 
 @contextlib.contextmanager
@@ -118,8 +119,8 @@ def _without_amp_wrapper(model: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
-                               stop_ids: Sequence[int] = ()) -> Iterator[None]:
+def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None, stop_ids: Sequence[int] = (),
+                               shared: SharedPrefixCount | None = None) -> Iterator[None]:
     """TRL's transformers ``generate()`` call gets a key/value cache allocated once, before its prefill
     (:func:`toolgym.rollout.kvcache.reserved_cache`, as :class:`toolgym.rollout.TransformersPolicy` has), instead of
     transformers' cache that grows by ``torch.cat`` in between the prefill's transients and leaves the heap
@@ -129,7 +130,10 @@ def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
 
     ``turns``: the episodes' kept keys and values (:class:`toolgym.rollout.turn_cache.TurnCache`): a later turn
     prefills only the tokens the env appended, and every call's rows are kept for the next turn (rows' sampled
-    tokens end at the first of ``stop_ids``). TRL gets its prompt back in front of the completion, as without."""
+    tokens end at the first of ``stop_ids``). TRL gets its prompt back in front of the completion, as without.
+
+    ``shared``: a call that does not run on kept rows prefills each distinct prompt once and its rows share the keys
+    and values (:func:`toolgym.rollout.shared_prefix.shared_prefill`: a GRPO group's samples), counted there."""
     model = _unwrapped_model(trainer)
     if (model is None or _sharded(trainer) or getattr(trainer, "use_vllm", False)
             or getattr(trainer, "use_transformers_continuous_batching", False) or "generate" in vars(model)):
@@ -138,6 +142,7 @@ def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
     import torch
 
     from toolgym.rollout.kvcache import cache_kwarg
+    from toolgym.rollout.shared_prefix import shared_prefill
     from toolgym.rollout.turn_cache import generation_cache
 
     bound = model.generate
@@ -151,6 +156,9 @@ def _reserved_generation_cache(trainer: Any, turns: TurnCache | None = None,
         call = None
         if turns is not None and attn is not None and not getattr(config, "return_dict_in_generate", False):
             call = turns.prepare(model, ids, attn, int(getattr(config, "pad_token_id", None) or 0))
+        if call is None and shared is not None and attn is not None:
+            call = shared_prefill(model, ids, attn)
+            shared.add(call)
         if call is not None:
             kwargs["input_ids"], kwargs["attention_mask"] = call.input_ids, call.attention_mask
         width = int(kwargs["input_ids"].shape[1])
@@ -203,6 +211,20 @@ def _merged_adapters(trainer: Any) -> Iterator[None]:
         model.unmerge_adapter()
 
 
+class SharedPrefixCount:
+    """What shared prompts saved in GRPO's transformers generation: ``calls`` = ``generate()`` calls that prefilled
+    each distinct prompt once, ``tokens`` = prompt tokens they did not prefill."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.tokens = 0
+
+    def add(self, call: TurnCall | None) -> None:
+        if call is not None:
+            self.calls += 1
+            self.tokens += int(call.saved_tokens)
+
+
 class TRLPolicy:
     """A :class:`toolgym.rollout.Policy` that generates with ``trainer._generate_single_turn`` (vLLM or
     transformers, whatever the trainer is configured with), so weights stay in sync and logprobs come for free.
@@ -210,14 +232,25 @@ class TRLPolicy:
     On several processes every call is collective: the call's prompt count and token budget are agreed across
     ranks (one all-gather) and a rank with fewer requests pads with a filler prompt whose output is dropped.
 
+    Args:
+        trainer: the ``GRPOTrainer``.
+        shared_prefix: transformers generation prefills a prompt that several rows of a call have (a GRPO group's
+            samples on this process) once and shares its keys and values (:mod:`toolgym.rollout.shared_prefix`);
+            ``None``: the trainer's ``shared_prefix`` attribute, else on. vLLM (its own prefix caching shares the
+            prompt), continuous batching and sharded models (DeepSpeed, FSDP) generate as TRL does.
+
     Attributes:
         calls: number of ``_generate_single_turn`` calls made by this process.
+        shared: a :class:`SharedPrefixCount` (``None`` with ``shared_prefix`` off).
     """
 
     concurrent = False
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Any, shared_prefix: bool | None = None) -> None:
         self.trainer = trainer
+        if shared_prefix is None:
+            shared_prefix = bool(getattr(trainer, "shared_prefix", True))
+        self.shared = SharedPrefixCount() if shared_prefix else None
         self.calls = 0
         self._filler: list[int] | None = None
         self._stops: set[int] = set()
@@ -280,7 +313,7 @@ class TRLPolicy:
             self._stops.update(int(t) for t in (r.stop_ids or ()))
         ends = self._stops | {int(t) for t in (getattr(self.trainer, "eos_token_ids", ()) or ())}
         with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
-              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer, self.turns, sorted(ends)),
+              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer, self.turns, sorted(ends), self.shared),
               _cpu_sampling(self.trainer)):
             completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
         self.calls += 1

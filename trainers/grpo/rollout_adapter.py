@@ -91,6 +91,9 @@ class ToolgymRollout:
             (:func:`toolgym.resources.trim_heap`): generation's freed KV caches and activations otherwise stay
             resident and the training forward that follows grows on top of them (measured in ``make demo``: the
             first backward of each step peaked ~300 MiB above the others).
+        shared_prefix: transformers generation prefills a prompt shared by several episodes of a call (a GRPO
+            group's samples on this process) once (:class:`TRLPolicy`); ``None``: the trainer's ``shared_prefix``
+            attribute, else on.
 
     Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
     (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),
@@ -114,8 +117,10 @@ class ToolgymRollout:
         trajectory_dir: str | Path | None = None,
         schedule: str = "lockstep",
         trim_heap: bool = False,
+        shared_prefix: bool | None = None,
     ) -> None:
         self.env_id = env_id
+        self.shared_prefix = shared_prefix
         self.tasks = [dict(t) for t in tasks]
         self.by_id = {str(t["id"]): t for t in self.tasks}
         self.by_prompt = {str(t["prompt"]): t for t in self.tasks if "prompt" in t}
@@ -171,7 +176,7 @@ class ToolgymRollout:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         if self.policy is None or self.policy.trainer is not trainer:
-            self.policy = TRLPolicy(trainer)
+            self.policy = TRLPolicy(trainer, self.shared_prefix)
         policy = self.policy
         if policy.world_size > 1 and self.schedule != "lockstep":
             raise ValueError("several processes need the lock-step schedule (collective generation)")
