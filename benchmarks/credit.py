@@ -218,6 +218,9 @@ def collect_results(cfg: CreditBenchConfig, validate: bool = False,
             results.setdefault("eval_task_ids", rec.get("eval_task_ids"))
     if wse_rec:
         results.setdefault("eval_task_ids", wse_rec.get("eval_task_ids"))
+    for name, rec in [*results["arms"].items(), ("warm start", wse_rec or {})]:
+        if rec.get("eval_task_ids") not in (None, results.get("eval_task_ids")):  # paired statistics need one task set
+            raise ValueError(f"{name}: evaluated on other tasks than the other records in {rdir}")
     results["summary"] = summarize(results)
     results["total_wall_s"] = round(sum(a.get("train_s", 0) + a["eval"]["wall_s"] for a in results["arms"].values()), 1)
     return results

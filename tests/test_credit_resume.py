@@ -39,6 +39,15 @@ def _run(out: Path, *extra: str, fault: str | None = None) -> subprocess.Complet
     return subprocess.run(_cmd(out, *extra), cwd=ROOT, env=_env(fault), capture_output=True, text=True, timeout=600)
 
 
+def _main(capsys, out: Path, *extra: str) -> str:
+    """The benchmark in this process (its imports are paid once); returns what it printed."""
+    from benchmarks.credit import main
+
+    capsys.readouterr()
+    assert main([*TINY, "--output-dir", str(out), *extra]) == 0
+    return capsys.readouterr().out
+
+
 def _comparable(arm: dict) -> dict:
     """What an arm computes (its tokens, steps, learning curve and per-task verdicts), without times."""
     ev = {k: v for k, v in arm["eval"].items() if k != "wall_s"}
@@ -48,15 +57,16 @@ def _comparable(arm: dict) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
     """The tiny protocol run once, never interrupted."""
+    from benchmarks.credit import main
+
     out = tmp_path_factory.mktemp("credit-ref")
-    p = _run(out)
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert main([*TINY, "--output-dir", str(out)]) == 0
     return json.loads((out / "results.json").read_text())
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_killed_run_resumes_without_recomputing_finished_arms(tmp_path, reference):
+def test_a_killed_run_resumes_without_recomputing_finished_arms(tmp_path, reference, capsys):
     out = tmp_path / "run"
     proc = subprocess.Popen(_cmd(out), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:  # SIGKILL as soon as the first arm's done marker exists
@@ -70,17 +80,16 @@ def test_a_killed_run_resumes_without_recomputing_finished_arms(tmp_path, refere
     records = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (out / "results").glob("arm-*.json")}
     assert 1 <= len(finished) < len(ARMS) and len(records) == len(finished)
 
-    p = _run(out)
-    assert p.returncode == 0, p.stderr[-3000:]
+    printed = _main(capsys, out)
     names = {json.loads(b)["name"] for b, _ in finished.values()}
     for name in names:  # finished arms: skipped, neither trained nor evaluated again, their files untouched
-        assert f"[credit] skip {name}: finished" in p.stdout
-        assert f"[credit] {name}: train" not in p.stdout and f"[credit] {name}: resume" not in p.stdout
+        assert f"[credit] skip {name}: finished" in printed
+        assert f"[credit] {name}: train" not in printed and f"[credit] {name}: resume" not in printed
     for d, (data, mtime) in finished.items():
         assert (out / d / "done.json").read_bytes() == data and (out / d / "done.json").stat().st_mtime_ns == mtime
     for f, (data, mtime) in records.items():
         assert (out / "results" / f).read_bytes() == data and (out / "results" / f).stat().st_mtime_ns == mtime
-    assert "skip warm start: weights from" in p.stdout  # the shared warm start is read back, not trained again
+    assert "skip warm start: weights from" in printed  # the shared warm start is read back, not trained again
     r = json.loads((out / "results.json").read_text())
     assert sorted(r["arms"]) == sorted(ARMS)
     # what every arm computed equals the uninterrupted run's (CPU, fp32, fixed seeds)
@@ -89,22 +98,20 @@ def test_a_killed_run_resumes_without_recomputing_finished_arms(tmp_path, refere
     # a new machine: the committed records alone; nothing is trained, loaded or evaluated again
     fresh = tmp_path / "fresh"
     shutil.copytree(out / "results", fresh / "results")
-    p = _run(fresh)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert all(f"[credit] skip {name}: finished" in p.stdout for name in ARMS)
+    printed = _main(capsys, fresh)
+    assert all(f"[credit] skip {name}: finished" in printed for name in ARMS)
     assert not list(fresh.glob("warmstart-*/")) and not list(fresh.glob("arm-*/"))
     assert json.loads((fresh / "results.json").read_text())["summary"] == r["summary"]
     # the verdict is recomputed from the records alone
-    p = _run(tmp_path / "elsewhere", "--report", "--results-dir", str(out / "results"))
-    assert p.returncode == 0, p.stderr[-3000:]
+    printed = _main(capsys, tmp_path / "elsewhere", "--report", "--results-dir", str(out / "results"))
     from benchmarks.credit import verdict
 
-    assert "4/4 arms finished" in p.stdout and f"Verdict: {verdict(r['summary'], 'turn_return')}" in p.stdout
+    assert "4/4 arms finished" in printed and f"Verdict: {verdict(r['summary'], 'turn_return')}" in printed
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_an_interrupted_arm_continues_from_its_last_checkpoint(tmp_path, reference):
+def test_an_interrupted_arm_continues_from_its_last_checkpoint(tmp_path, reference, capsys):
     out = tmp_path / "run"
     one = ("--seeds", "0", "--estimators", "turn_return")  # later flags win: one arm of the reference's four
     p = _run(out, *one, fault="save:2")  # killed right after the checkpoint of step 2
@@ -112,9 +119,8 @@ def test_an_interrupted_arm_continues_from_its_last_checkpoint(tmp_path, referen
     p = _run(out, *one, fault="trained")  # resumes at step 2; killed after training, before the evaluation
     assert p.returncode == -signal.SIGKILL, p.stderr[-3000:]
     assert "turn_return/seed0: resume from step 2" in p.stdout and "turn_return/seed0: train\n" not in p.stdout
-    p = _run(out, *one)  # the trained weights come from the last checkpoint; no step is trained again
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "turn_return/seed0: trained (4 steps); weights from" in p.stdout
+    printed = _main(capsys, out, *one)  # the trained weights come from the last checkpoint; no step trained again
+    assert "turn_return/seed0: trained (4 steps); weights from" in printed
     arm = json.loads((out / "results.json").read_text())["arms"]["turn_return/seed0"]
     assert [(r["from_step"], r["to_step"]) for r in arm["runs"]] == [(0, 2), (2, 4)]
     assert [c["step"] for c in arm["curve"]] == [1, 2, 3, 4]
