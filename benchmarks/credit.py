@@ -22,14 +22,21 @@ Protocol v2 (docs/credit.md states it in full; every arm identical except the ``
 Knobs chosen before any test-split run: ``--validate`` runs ``outcome`` and ``turn_return`` at each candidate
 gamma on one seed and evaluates on a validation draw of ``train`` tasks (disjoint ids from the GRPO draws); it
 checks that outcome-only GRPO learns (validation success above the warm start's) and picks gamma by the rule in
-docs/credit.md. Nothing is chosen on the held-out tasks. Results go to ``OUTPUT/results.json`` after every arm (a
-rerun with the same output dir resumes: finished arms are skipped), the plot to ``OUTPUT/credit.png``.
+docs/credit.md. Nothing is chosen on the held-out tasks.
+
+Resumable stages (:mod:`benchmarks.credit_stages`): the warm start, its evaluation and every arm (with its
+mid-budget and final evaluations) is a stage keyed by a hash of its configuration. A finished stage leaves
+``OUTPUT/<stage>-<key>/done.json`` and a small record ``RESULTS/<stage>-<key>.json`` (default
+``benchmarks/results/credit/``, committed) and is skipped by a rerun; an arm cut short resumes from its last GRPO
+checkpoint (every ``save_steps`` steps and its last step). The verdict is computed from the records alone
+(``--report``), so a run continues on another machine with what remains. ``OUTPUT/results.json`` and
+``OUTPUT/credit.png`` collect the finished arms after each one.
 
 Run::
 
     python -m benchmarks.credit --validate --output-dir runs/credit-validation   # the knobs, on train tasks
     python -m benchmarks.credit --gamma G --output-dir runs/credit               # the comparison (resumable)
-    python -m benchmarks.credit --report --output-dir runs/credit                # table and verdict from results
+    python -m benchmarks.credit --gamma G --report                               # table and verdict from records
     python -m benchmarks.credit --smoke --output-dir runs/credit-smoke           # the pipeline end to end
 """
 
@@ -39,6 +46,8 @@ import argparse
 import copy
 import json
 import os
+import shutil
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -48,10 +57,20 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.credit_stages import (  # noqa: E402
+    Stage,
+    finish,
+    latest_checkpoint,
+    load_done,
+    state_digest,
+    system_info,
+    write_json,
+)
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-__all__ = ["CreditBenchConfig", "main", "run"]
+__all__ = ["CreditBenchConfig", "Plan", "collect_results", "main", "plan", "run"]
 
 ENV_ID = "toolgym/CalculatorChain-v0"
 SYSTEM = "Call the calculator once per step, then reply <answer>RESULT</answer>."
@@ -95,6 +114,7 @@ class CreditBenchConfig:
     temperature: float = 0.5
     max_completion_length: int = 320
     grpo_tasks: int = 128
+    save_steps: int = 4  # a GRPO checkpoint every this many steps (and at the last): where a killed arm resumes
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -113,12 +133,6 @@ def _env_kwargs(cfg: CreditBenchConfig, split: str, tok: Any) -> dict[str, Any]:
             "chat_template": compact_tools_template(), "answer_step": cfg.answer_step}
 
 
-def _save(out: Path, results: dict[str, Any]) -> None:
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=1, default=str))
-    tmp.replace(out / "results.json")
-
-
 def _arms(cfg: CreditBenchConfig, validate: bool) -> list[tuple[int, str, float]]:
     """(seed, estimator, gamma) of every arm in run order. The comparison: outcome and the first turn-level
     estimator over every seed first, then the others (a run cut short still has paired arms on several seeds).
@@ -134,9 +148,130 @@ def _arm_name(est: str, gamma: float, seed: int, validate: bool) -> str:
     return f"{est}@{gamma:g}/seed{seed}" if validate and est != "outcome" else f"{est}/seed{seed}"
 
 
-def run(cfg: CreditBenchConfig, *, validate: bool = False) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Plan:
+    """The stages of one run (:func:`plan`): the warm start, its evaluation, and ``(arm name, stage, estimator,
+    seed, gamma)`` per arm in run order."""
+
+    warmstart: Stage
+    warmstart_eval: Stage
+    arms: tuple[tuple[str, Stage, str, int, float], ...]
+
+
+def plan(cfg: CreditBenchConfig, validate: bool = False) -> Plan:
+    """The run's stages and their specs, from the configuration alone (no model, no tokenizer)."""
+    env = {"id": ENV_ID, "steps": list(cfg.steps), "answer_step": cfg.answer_step, "system": SYSTEM,
+           "template": "compact_tools", "max_turn_tokens": cfg.max_turn_tokens}
+    ws = Stage("warmstart", {"env": env, "model": cfg.model or "embedded SmolLM2-135M-Instruct",
+                             "episodes": cfg.warmstart_episodes, "task_seed": 1, "steps": cfg.warmstart_steps,
+                             "lr": cfg.warmstart_lr, "batch_size": cfg.warmstart_batch_size, "torch_seed": 0})
+    if validate:  # train-split tasks minus every task a GRPO arm of these seeds trains on
+        ev = {"split": "validation", "tasks": cfg.validation_tasks, "seed": cfg.validation_seed,
+              "excluded_grpo_draws": {"seeds": sorted(cfg.seeds), "tasks": cfg.grpo_tasks}}
+    else:
+        ev = {"split": "test", "tasks": cfg.eval_tasks, "seed": cfg.eval_seed}
+    ev["batch_size"] = cfg.eval_batch_size
+    wse = Stage(f"warmstart-eval-{ev['split']}", {"warmstart": ws.key, "eval": ev})
+    arms = []
+    for seed, est, gamma in _arms(cfg, validate):
+        mid = est != "outcome" and not validate
+        spec = {"warmstart": ws.key, "env": env, "eval": ev, "estimator": est, "seed": seed,
+                "gamma": None if est == "outcome" else gamma,  # outcome ignores gamma
+                "mid_fraction": cfg.mid_fraction if mid else None, "token_budget": cfg.token_budget,
+                "max_steps": cfg.max_steps, "warmup_steps": cfg.warmup_steps, "num_generations": cfg.num_generations,
+                "prompts_per_step": cfg.prompts_per_step, "lr": cfg.lr, "temperature": cfg.temperature,
+                "max_completion_length": cfg.max_completion_length, "grpo_tasks": cfg.grpo_tasks,
+                "task_seed": 100 + seed, "extra": cfg.extra}
+        g = "" if est == "outcome" else f"-g{gamma:g}"
+        stage = Stage(f"{'val' if validate else 'arm'}-{est}{g}-seed{seed}", spec)
+        arms.append((_arm_name(est, gamma, seed, validate), stage, est, seed, gamma))
+    return Plan(ws, wse, tuple(arms))
+
+
+def default_results_dir(cfg: CreditBenchConfig) -> Path:
+    """``benchmarks/results/credit`` (committed) for a run of the embedded model; ``OUT/results`` for the tiny
+    test model, so a test never writes into the repository."""
+    if cfg.model == "tiny":
+        return Path(cfg.output_dir) / "results"
+    return Path(__file__).resolve().parent / "results" / "credit"
+
+
+def collect_results(cfg: CreditBenchConfig, validate: bool = False,
+                    results_dir: str | Path | None = None) -> dict[str, Any]:
+    """The run's results assembled from its stage records (``RESULTS/<stage>-<key>.json``) alone: the arms
+    finished so far, the warm start's evaluation, the summary statistics. What ``--report`` prints."""
+    p = plan(cfg, validate)
+    rdir = Path(results_dir) if results_dir is not None else default_results_dir(cfg)
+    out = Path(cfg.output_dir)
+    results: dict[str, Any] = {"config": asdict(cfg), "env_id": ENV_ID,
+                               "eval_split": "validation (train split)" if validate else "test",
+                               "results_dir": str(rdir), "arms": {}, "warmstart": None}
+    ws_rec = load_done(p.warmstart, out, rdir)
+    wse_rec = load_done(p.warmstart_eval, out, rdir)
+    if ws_rec or wse_rec:
+        results["warmstart"] = {**{k: (ws_rec or {}).get(k) for k in ("episodes", "loss", "wall_s", "digest")},
+                                "eval": (wse_rec or {}).get("eval")}
+    for name, stage, *_ in p.arms:
+        rec = load_done(stage, out, rdir)
+        if rec is not None:
+            results["arms"][name] = rec
+            results.setdefault("eval_task_ids", rec.get("eval_task_ids"))
+    if wse_rec:
+        results.setdefault("eval_task_ids", wse_rec.get("eval_task_ids"))
+    for name, rec in [*results["arms"].items(), ("warm start", wse_rec or {})]:
+        if rec.get("eval_task_ids") not in (None, results.get("eval_task_ids")):  # paired statistics need one task set
+            raise ValueError(f"{name}: evaluated on other tasks than the other records in {rdir}")
+    results["summary"] = summarize(results)
+    results["total_wall_s"] = round(sum(a.get("train_s", 0) + a["eval"]["wall_s"] for a in results["arms"].values()), 1)
+    return results
+
+
+def _fault(point: str) -> bool:
+    """Fault injection for the resume tests: ``TOOLGYM_CREDIT_FAULT`` names the point (``save:N``: right after the
+    checkpoint of step N is saved; ``trained``: after an arm's training, before its evaluation) where the process
+    kills itself with SIGKILL. Unset: never."""
+    if os.environ.get("TOOLGYM_CREDIT_FAULT") == point:
+        print(f"[credit] fault injection: SIGKILL at {point}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return False
+
+
+def run(cfg: CreditBenchConfig, *, validate: bool = False, results_dir: str | Path | None = None) -> dict[str, Any]:
     """Run (or resume) the comparison, or with ``validate`` the validation run on train-split tasks; returns the
-    results dict (also ``output_dir/results.json``)."""
+    results (also ``OUT/results.json``).
+
+    Every finished stage is skipped and read back from its record (:mod:`benchmarks.credit_stages`); an arm cut
+    short resumes from its last complete GRPO checkpoint (every ``save_steps`` steps and at its last step)."""
+    t_start = time.perf_counter()
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rdir = Path(results_dir) if results_dir is not None else default_results_dir(cfg)
+    p = plan(cfg, validate)
+    todo = []
+    for name, stage, est, seed, gamma in p.arms:
+        if load_done(stage, out, rdir) is not None:
+            print(f"[credit] skip {name}: finished ({stage.record_path(rdir)})", flush=True)
+        else:
+            todo.append((name, stage, est, seed, gamma))
+    need_ws_eval = cfg.eval_warmstart and load_done(p.warmstart_eval, out, rdir) is None
+    if todo or need_ws_eval:
+        _run_stages(cfg, p, todo, need_ws_eval, out, rdir, validate)
+    results = collect_results(cfg, validate, rdir)
+    _write_outputs(results, out)
+    print(json.dumps(results["summary"], indent=1), flush=True)
+    print(f"[credit] {len(results['arms'])}/{len(p.arms)} arms finished ({time.perf_counter() - t_start:.0f} s)",
+          flush=True)
+    return results
+
+
+def _write_outputs(results: dict[str, Any], out: Path) -> None:
+    write_json(out / "results.json", results)
+    if results["arms"]:
+        plot(results, out / "credit.png")
+
+
+def _run_stages(cfg: CreditBenchConfig, p: Plan, todo: list[tuple[str, Stage, str, int, float]], need_ws_eval: bool,
+                out: Path, rdir: Path, validate: bool) -> None:
     import torch
 
     import toolgym  # noqa: F401
@@ -145,20 +280,11 @@ def run(cfg: CreditBenchConfig, *, validate: bool = False) -> dict[str, Any]:
     from toolgym.evaluation import oracle_policy, wilson_interval
     from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
-    from toolgym.resources import release_memory
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from trainers.grpo import Config as GRPORun
-    from trainers.grpo import build_trainer
     from trainers.sft import collect, masked_sft
 
-    t_start = time.perf_counter()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    prev = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
-    results: dict[str, Any] = {"config": asdict(cfg), "env_id": ENV_ID, "arms": prev.get("arms", {}),
-                               "warmstart": prev.get("warmstart")}
     if cfg.model == "tiny":
         from toolgym.models import load_tokenizer, tiny_random_model
 
@@ -178,9 +304,8 @@ def run(cfg: CreditBenchConfig, *, validate: bool = False) -> dict[str, Any]:
         eval_tasks = draw_tasks(ENV_ID, cfg.eval_tasks, seed=cfg.eval_seed, split="test", env_kwargs=ev_kw)
         eval_first, eval_env_kw = cfg.eval_seed, ev_kw
     eval_seeds = list(range(eval_first, eval_first + len(eval_tasks)))
+    eval_ids = [t["id"] for t in eval_tasks]
     venv = make_vector_env(ENV_ID, len(eval_tasks), eval_env_kw)
-    results["eval_split"] = "validation (train split)" if validate else "test"
-    results["eval_task_ids"] = [t["id"] for t in eval_tasks]
 
     def evaluate(m: Any) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -196,116 +321,192 @@ def run(cfg: CreditBenchConfig, *, validate: bool = False) -> dict[str, Any]:
                 "tool_call_rate": sum(bool(t.tool_calls) for t in trajs) / len(trajs),
                 "wall_s": round(time.perf_counter() - t0, 1)}
 
-    # -- warm start (shared) ------------------------------------------------------------------------------------
-    ws_path = out / "warmstart.pt"
-    if ws_path.exists():
-        model.load_state_dict(torch.load(ws_path))
+    # -- warm start (shared): its weights stay under OUT; on a machine without them they are recomputed ----------
+    ws_dir = p.warmstart.dir(out)
+    ws_file = ws_dir / "warmstart.pt"
+    ws_done = (ws_dir / "done.json").exists() and ws_file.exists()
+    if ws_done:
+        model.load_state_dict(torch.load(ws_file))
+        print(f"[credit] skip warm start: weights from {ws_file}", flush=True)
     else:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         torch.manual_seed(0)
         ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=tr_kw)
         kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
                           max_turn_tokens=cfg.max_turn_tokens, env_kwargs=tr_kw)
         losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
                             batch_size=cfg.warmstart_batch_size, seed=0)
-        torch.save(model.state_dict(), ws_path)
-        results["warmstart"] = {"episodes": len(kept), "loss": losses, "wall_s": round(time.perf_counter() - t0, 1)}
-    _save(out, results)
-    if cfg.eval_warmstart and not (results.get("warmstart") or {}).get("eval"):
-        results.setdefault("warmstart", {})["eval"] = evaluate(model)
-        _save(out, results)
-    ws = (results.get("warmstart") or {}).get("eval")
-    if ws:
-        print(f"[credit] warm start: held-out success {ws['success']:.1%} steps reached {ws['steps_reached']:.1%} "
-              f"({ws['wall_s']:.0f} s eval)", flush=True)
+        ws_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), ws_dir / "warmstart.pt.tmp")
+        os.replace(ws_dir / "warmstart.pt.tmp", ws_file)
+        digest = state_digest(model.state_dict())
+        prior = load_done(p.warmstart, out, rdir)
+        if prior is not None and prior.get("digest") != digest:
+            print(f"[credit] warning: the recomputed warm start's weights differ from the recorded ones "
+                  f"({digest} vs {prior.get('digest')}); arms started from either are recorded with their digest",
+                  flush=True)
+        rec = {"episodes": len(kept), "loss": losses, "digest": digest,
+               "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1),
+               "system": system_info(cfg.threads)}
+        if prior is None:
+            finish(p.warmstart, out, rdir, rec)
+        else:  # the committed record stays; this machine's weights are marked done under OUT only
+            write_json(ws_dir / "done.json", {**prior, "recomputed": rec})
+    ws_digest = state_digest(model.state_dict())
+    if need_ws_eval:
+        ev = evaluate(model)
+        finish(p.warmstart_eval, out, rdir, {"eval": ev, "eval_task_ids": eval_ids, "warmstart_digest": ws_digest,
+                                            "system": system_info(cfg.threads)})
+        print(f"[credit] warm start: held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
+              f"({ev['wall_s']:.0f} s eval)", flush=True)
     ws_state = copy.deepcopy(model.state_dict())
-    Budget = _budget_callback()  # noqa: N806
 
-    # -- arms ---------------------------------------------------------------------------------------------------
-    for seed, est, gamma in _arms(cfg, validate):
-        name = _arm_name(est, gamma, seed, validate)
-        if name not in results["arms"]:
-            t0 = time.perf_counter()
-            model.load_state_dict(ws_state)
-            model.train()
-            torch.manual_seed(seed)
-            curve: list[dict[str, Any]] = []
-            holder: dict[str, Any] = {"tokens": 0}
-            if est != "outcome" and not validate:  # held-out success at mid_fraction of the budget
-                holder["mid"] = (cfg.mid_fraction * cfg.token_budget, evaluate)
-
-            bs = cfg.num_generations * cfg.prompts_per_step
-            trl = {
-                "output_dir": str(out / "grpo" / name), "max_steps": cfg.max_steps, "learning_rate": cfg.lr,
-                "per_device_train_batch_size": bs, "num_generations": cfg.num_generations,
-                "max_completion_length": cfg.max_completion_length, "temperature": cfg.temperature, "beta": 0.0,
-                "logging_steps": 1, "save_strategy": "no", "report_to": [], "seed": seed,
-                "use_cpu": not torch.cuda.is_available(), "disable_tqdm": True, "gradient_checkpointing": False,
-                "warmup_steps": cfg.warmup_steps, "lr_scheduler_type": "constant_with_warmup",
-            }
-            gcfg = GRPORun(env_id=ENV_ID, env_kwargs={k: v for k, v in tr_kw.items() if k != "tokenizer"},
-                           max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=gamma, save_model=False,
-                           trajectory_dir=str(out / "trajectories" / name.replace("/", "_")), trl=trl)
-            tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=tr_kw)
-            trainer, rollout = build_trainer(gcfg, model=model, tokenizer=tok, tasks=tasks,
-                                             callbacks=[Budget(holder, curve, cfg.token_budget)])
-            holder["rollout"] = rollout
-            trainer.train()
-            rollout.close()
-            train_s = time.perf_counter() - t0
-            steps_done = trainer.state.global_step
-            # free this arm's trainer (AdamW moments, accelerate's references) before the next: kept alive, the 9
-            # arms' trainers took the process to a 20 GB peak (docs/training.md)
-            trainer.accelerator.free_memory()
-            del trainer, rollout
-            holder.pop("rollout", None)
-            model.zero_grad(set_to_none=True)
-            release_memory()
-            ev = evaluate(model)
-            results["arms"][name] = {"estimator": est, "gamma": gamma, "seed": seed, "curve": curve,
-                                     "tokens": holder["tokens"], "steps": steps_done, "train_s": round(train_s, 1),
-                                     "eval": ev, "mid_eval": holder.get("mid_eval")}
-            print(f"[credit] {name}: {steps_done} steps, {holder['tokens']} policy tokens, "
-                  f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
-                  f"(train {train_s:.0f} s, eval {ev['wall_s']:.0f} s)", flush=True)
-            results["summary"] = summarize(results)
-            results["total_wall_s"] = round(time.perf_counter() - t_start + prev.get("total_wall_s", 0.0), 1)
-            _save(out, results)
-            plot(results, out / "credit.png")
-    results["summary"] = summarize(results)
-    _save(out, results)
-    plot(results, out / "credit.png")
+    for name, stage, est, seed, gamma in todo:
+        rec = _train_arm(cfg, stage, name, est, seed, gamma, validate, model, tok, ws_state, tr_kw, evaluate, out)
+        rec.update(eval_task_ids=eval_ids, warmstart_digest=ws_digest, system=system_info(cfg.threads))
+        finish(stage, out, rdir, rec)
+        shutil.rmtree(stage.dir(out) / "grpo", ignore_errors=True)  # the checkpoints: the record holds the result
+        ev = rec["eval"]
+        print(f"[credit] {name}: {rec['steps']} steps, {rec['tokens']} policy tokens, "
+              f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
+              f"(train {rec['train_s']:.0f} s, eval {ev['wall_s']:.0f} s) -> {stage.record_path(rdir)}", flush=True)
+        _write_outputs(collect_results(cfg, validate, rdir), out)
     venv.close()
-    print(json.dumps(results["summary"], indent=1), flush=True)
-    return results
+
+
+def _train_arm(cfg: CreditBenchConfig, stage: Stage, name: str, est: str, seed: int, gamma: float, validate: bool,
+               model: Any, tok: Any, ws_state: dict[str, Any], tr_kw: dict[str, Any], evaluate: Any,
+               out: Path) -> dict[str, Any]:
+    """Train one arm from the warm start (or resume it from its last complete checkpoint) and evaluate it; returns
+    its record (without the stage fields)."""
+    import torch
+
+    from toolgym.evaluation.tasks import draw_tasks
+    from toolgym.resources import release_memory
+    from trainers.grpo import Config as GRPORun
+    from trainers.grpo import build_trainer
+
+    sdir = stage.dir(out)
+    grpo_dir, progress_dir = sdir / "grpo", sdir / "progress"
+    last = latest_checkpoint(grpo_dir, progress_dir)
+    progress: dict[str, Any] = dict(last[2]) if last else {"tokens": 0, "curve": [], "mid_eval": None,
+                                                            "train_s": 0.0, "cpu_s": 0.0, "runs": []}
+    start = last[1] if last else 0
+    model.load_state_dict(ws_state)
+    model.train()
+    torch.manual_seed(seed)
+    if last and progress.get("finished"):  # trained to the end; killed before its evaluation finished
+        print(f"[credit] {name}: trained ({start} steps); weights from {last[0]}", flush=True)
+        _load_checkpoint_weights(model, last[0])
+    else:
+        print(f"[credit] {name}: " + (f"resume from step {start} ({last[0]})" if last else "train"), flush=True)
+        holder: dict[str, Any] = {"progress": progress, "start": start, "t0": time.perf_counter(),
+                                  "c0": time.process_time(), "budget": cfg.token_budget, "max_steps": cfg.max_steps,
+                                  "dir": progress_dir}
+        if est != "outcome" and not validate:  # held-out success at mid_fraction of the budget
+            holder["mid"] = (cfg.mid_fraction * cfg.token_budget, evaluate)
+        bs = cfg.num_generations * cfg.prompts_per_step
+        trl = {
+            "output_dir": str(grpo_dir), "max_steps": cfg.max_steps, "learning_rate": cfg.lr,
+            "per_device_train_batch_size": bs, "num_generations": cfg.num_generations,
+            "max_completion_length": cfg.max_completion_length, "temperature": cfg.temperature, "beta": 0.0,
+            "logging_steps": 1, "save_strategy": "steps", "save_steps": cfg.save_steps, "save_total_limit": 1,
+            "report_to": [], "seed": seed, "use_cpu": not torch.cuda.is_available(), "disable_tqdm": True,
+            "gradient_checkpointing": False, "warmup_steps": cfg.warmup_steps,
+            "lr_scheduler_type": "constant_with_warmup",
+        }
+        gcfg = GRPORun(env_id=ENV_ID, env_kwargs={k: v for k, v in tr_kw.items() if k != "tokenizer"},
+                       max_turn_tokens=cfg.max_turn_tokens, advantage=est, gamma=gamma, save_model=False,
+                       trajectory_dir=str(sdir / "trajectories"), trl=trl)
+        tasks = draw_tasks(ENV_ID, cfg.grpo_tasks, seed=100 + seed, split="train", env_kwargs=tr_kw)
+        trainer, rollout = build_trainer(gcfg, model=model, tokenizer=tok, tasks=tasks,
+                                         callbacks=[_budget_callback()(holder)])
+        holder["rollout"] = rollout
+        trainer.train(resume_from_checkpoint=str(last[0]) if last else None)
+        rollout.close()
+        # free this arm's trainer (AdamW moments, accelerate's references) before the next: kept alive, the 9
+        # arms' trainers took the process to a 20 GB peak (docs/training.md)
+        trainer.accelerator.free_memory()
+        del trainer, rollout
+        holder.clear()
+        model.zero_grad(set_to_none=True)
+        release_memory()
+        _fault("trained")
+        last = latest_checkpoint(grpo_dir, progress_dir)
+        if last is None or not last[2].get("finished"):
+            raise RuntimeError(f"{name}: training ended without a final checkpoint under {grpo_dir}")
+        progress = dict(last[2])
+    ev = evaluate(model)
+    return {"name": name, "kind": "validation" if validate else "comparison", "estimator": est, "gamma": gamma,
+            "seed": seed, "curve": progress["curve"], "tokens": progress["tokens"], "steps": last[1],
+            "train_s": round(progress["train_s"], 1), "cpu_s": round(progress["cpu_s"], 1), "runs": progress["runs"],
+            "eval": ev, "mid_eval": progress.get("mid_eval")}
+
+
+def _load_checkpoint_weights(model: Any, path: Path) -> None:
+    """The model weights of a Trainer checkpoint (``*.safetensors``; tied weights are stored once)."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    res = model.load_state_dict(state, strict=False)
+    tied = {k for k, v in model.state_dict().items()
+            if any(v.data_ptr() == w.data_ptr() for n, w in model.state_dict().items() if n != k)}
+    if res.unexpected_keys or set(res.missing_keys) - tied:
+        raise RuntimeError(f"checkpoint {path}: unexpected {res.unexpected_keys}, missing {res.missing_keys}")
 
 
 def _budget_callback() -> type:
     from transformers import TrainerCallback
 
     class Budget(TrainerCallback):
-        """Stops training once ``budget`` generated policy tokens are spent; records the learning curve."""
+        """Stops training once the budget of generated policy tokens is spent (the last step is saved as a
+        checkpoint); keeps the arm's progress (tokens, learning curve, mid-budget evaluation, time) in
+        ``progress/step-N.json`` at every step, where a resumed arm reads it back."""
 
-        def __init__(self, holder: dict[str, Any], curve: list[dict[str, Any]], budget: int) -> None:
-            self.holder, self.curve, self.budget = holder, curve, budget
+        def __init__(self, holder: dict[str, Any]) -> None:
+            self.holder = holder
+            self.progress = holder["progress"]
+            self.progress["runs"] = [*self.progress["runs"], {"from_step": holder["start"], "to_step": holder["start"],
+                                                              "wall_s": 0.0, "cpu_s": 0.0}]
+            self.base = (float(self.progress["train_s"]), float(self.progress["cpu_s"]))
+
+        def _dump(self, state: Any) -> None:
+            h, pr = self.holder, self.progress
+            wall, cpu = time.perf_counter() - h["t0"], time.process_time() - h["c0"]
+            pr["train_s"], pr["cpu_s"] = self.base[0] + wall, self.base[1] + cpu
+            pr["runs"][-1].update(to_step=state.global_step, wall_s=round(wall, 1), cpu_s=round(cpu, 1))
+            pr["step"] = state.global_step
+            pr["finished"] = pr["tokens"] >= h["budget"] or state.global_step >= h["max_steps"]
+            write_json(h["dir"] / f"step-{state.global_step}.json", pr)
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
             trajs = self.holder["rollout"].last_trajectories
-            self.holder["tokens"] += sum(sum(t.loss_mask) for t in trajs)
+            self.progress["tokens"] += sum(sum(t.loss_mask) for t in trajs)
             mid = self.holder.get("mid")
-            if mid is not None and "mid_eval" not in self.holder and self.holder["tokens"] >= mid[0] and model is not None:
+            if (mid is not None and self.progress.get("mid_eval") is None and self.progress["tokens"] >= mid[0]
+                    and model is not None):
                 was_training = model.training
-                self.holder["mid_eval"] = {**mid[1](model), "step": state.global_step, "tokens": self.holder["tokens"]}
+                self.progress["mid_eval"] = {**mid[1](model), "step": state.global_step,
+                                             "tokens": self.progress["tokens"]}
                 model.train(was_training)
-            if self.holder["tokens"] >= self.budget:
+            if self.progress["tokens"] >= self.holder["budget"]:
                 control.should_training_stop = True
+            if control.should_training_stop or state.global_step >= self.holder["max_steps"]:
+                control.should_save = True  # the final weights are a checkpoint: a kill during the evaluation
+            self._dump(state)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
             if logs and "reward" in logs:
-                self.curve.append({"step": state.global_step, "tokens": self.holder["tokens"],
-                                   "reward": logs.get("reward"), "success": logs.get("toolgym/success"),
-                                   "process_reward": logs.get("toolgym/process_reward"),
-                                   "frac_reward_zero_std": logs.get("frac_reward_zero_std")})
+                self.progress["curve"].append({
+                    "step": state.global_step, "tokens": self.progress["tokens"], "reward": logs.get("reward"),
+                    "success": logs.get("toolgym/success"), "process_reward": logs.get("toolgym/process_reward"),
+                    "frac_reward_zero_std": logs.get("frac_reward_zero_std")})
+                self._dump(state)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            _fault(f"save:{state.global_step}")
 
     return Budget
 
@@ -426,6 +627,18 @@ def validation_choice(results: dict[str, Any]) -> dict[str, Any]:
             "turn_return_success_by_gamma": {str(a.get("gamma")): a["eval"]["success"] for a in tr}}
 
 
+def broken_baseline(results: dict[str, Any]) -> str | None:
+    """The protocol's broken-baseline rule: a sentence when ``outcome`` ends below the warm start's held-out
+    success on most of its seeds (the comparison is then inconclusive), else ``None``."""
+    ws = ((results.get("warmstart") or {}).get("eval") or {}).get("success")
+    outs = [a["eval"]["success"] for a in results["arms"].values() if a["estimator"] == "outcome"]
+    below = sum(o < ws for o in outs) if ws is not None else 0
+    if ws is None or not outs or 2 * below <= len(outs):
+        return None
+    return (f"outcome-only GRPO ends below the warm start ({ws:.0%}) on {below} of {len(outs)} seeds: a broken "
+            "baseline, not a win for credit")
+
+
 def report_markdown(results: dict[str, Any]) -> str:
     """The results as a Markdown table (one row per finished arm) plus the paired comparisons available."""
     lines = ["| arm | GRPO steps | policy tokens | held-out success [95% CI] | chain steps reached | train s | eval s |",
@@ -446,6 +659,9 @@ def report_markdown(results: dict[str, Any]) -> str:
                              f"{d['mean']:+.3f} [95% CI {d['lo']:+.3f}, {d['hi']:+.3f}]")
         if not str(results.get("eval_split", "test")).startswith("validation"):
             lines.append(f"\nVerdict: {verdict(summary, est)}")
+    broken = broken_baseline(results)
+    if broken and not str(results.get("eval_split", "")).startswith("validation"):
+        lines.append(f"\nInconclusive: {broken}")
     if str(results.get("eval_split", "")).startswith("validation"):
         lines.append(f"\nValidation decisions: {json.dumps(validation_choice(results), default=str)}")
     return "\n".join(lines)
@@ -508,13 +724,20 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="turn-level credit vs outcome-only GRPO on CalculatorChain-v0")
-    ap.add_argument("--output-dir", default=None, help="where results.json, credit.png, trajectories go")
+    ap.add_argument("--output-dir", default=None,
+                    help="working files: one directory per stage (checkpoints, trajectories), results.json, credit.png")
+    ap.add_argument("--results-dir", default=None,
+                    help="one small JSON record per finished stage (default benchmarks/results/credit; with "
+                         "--model tiny OUTPUT/results)")
     ap.add_argument("--smoke", action="store_true", help="a ~2-minute end-to-end run (1 seed, 1 step, 4 tasks)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default 0 1 2 3 4)")
     ap.add_argument("--estimators", nargs="+", default=None, help="default: outcome turn_return gigpo")
     ap.add_argument("--token-budget", type=int, default=None, help="generated policy tokens per arm")
+    ap.add_argument("--max-steps", type=int, default=None, help="GRPO steps per arm at most")
+    ap.add_argument("--save-steps", type=int, default=None, help="a GRPO checkpoint every this many steps")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--report", action="store_true", help="print OUTPUT/results.json as Markdown, redraw OUTPUT/credit.png and exit")
+    ap.add_argument("--report", action="store_true",
+                    help="the table, statistics and verdict from the results records alone; redraws OUTPUT/credit.png")
     ap.add_argument("--model", default=None, help="model path; default the embedded SmolLM2-135M ('tiny': tests)")
     ap.add_argument("--validate", action="store_true",
                     help="the validation run: outcome and turn_return at each candidate gamma, one seed, evaluated on "
@@ -526,26 +749,26 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, output_dir="runs/credit-smoke", **SMOKE)  # type: ignore[arg-type]
     if a.output_dir:
         cfg.output_dir = a.output_dir
+    for name in ("token_budget", "max_steps", "save_steps", "threads", "model", "gamma"):
+        if getattr(a, name) is not None:
+            setattr(cfg, name, getattr(a, name))
     if a.seeds:
         cfg.seeds = tuple(a.seeds)
     if a.estimators:
         cfg.estimators = tuple(a.estimators)
-    if a.token_budget is not None:
-        cfg.token_budget = a.token_budget
-    if a.threads is not None:
-        cfg.threads = a.threads
-    if a.model is not None:
-        cfg.model = a.model
-    if a.gamma is not None:
-        cfg.gamma = a.gamma
     if a.validate and not a.output_dir:
         cfg.output_dir += "-validation"
+    rdir = a.results_dir or (str(Path(cfg.output_dir) / "results") if a.smoke else None)  # a smoke run: not committed
     if a.report:
-        results = json.loads((Path(cfg.output_dir) / "results.json").read_text())
-        plot(results, Path(cfg.output_dir) / "credit.png")
+        results = collect_results(cfg, a.validate, rdir)
+        if results["arms"]:
+            Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+            plot(results, Path(cfg.output_dir) / "credit.png")
+        print(f"{len(results['arms'])}/{len(plan(cfg, a.validate).arms)} arms finished "
+              f"(records in {results['results_dir']})\n")
         print(report_markdown(results))
         return 0
-    run(cfg, validate=a.validate)
+    run(cfg, validate=a.validate, results_dir=rdir)
     return 0
 
 

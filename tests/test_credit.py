@@ -146,6 +146,10 @@ def test_token_advantages_policy_tokens_get_their_turn_env_tokens_zero():
         token_advantages([1.0], [(0, 2)], [1, 1, 1])
     # a clipped completion: spans past its end are cut
     assert token_advantages([1.0, 2.0], [(0, 2), (3, 9)], [1, 1, 0, 1]).tolist() == [1, 1, 0, 2]
+    # ... and a turn that starts past the clipped end has no token left
+    assert token_advantages([1.0, 2.0, 3.0], [(0, 2), (3, 5), (6, 7)], [1, 1, 0, 1]).tolist() == [1, 1, 0, 2]
+    with pytest.raises(ValueError, match="bad turn span"):
+        token_advantages([1.0], [(3, 2)], [1, 1, 1, 1])
 
 
 @pytest.mark.parametrize("bad", [

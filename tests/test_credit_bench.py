@@ -26,14 +26,15 @@ def test_credit_benchmark_smoke(tmp_path, capsys):
     assert len(r["arms"]["turn_return/seed0"]["mid_eval"]["wins"]) == 4
     assert r["summary"]["turn_return"]["final_vs_outcome_across_seeds"]["seeds"] == [0]
     assert (tmp_path / "credit.png").stat().st_size > 0
-    assert main(["--report", "--output-dir", str(tmp_path)]) == 0
+    assert main(["--report", "--smoke", "--model", "tiny", "--output-dir", str(tmp_path)]) == 0
     assert "Verdict: turn_return" in capsys.readouterr().out
-    rows = [json.loads(x) for x in (tmp_path / "trajectories" / "turn_return_seed0" / "rank0.jsonl").read_text()
-            .splitlines()]
+    (traj,) = tmp_path.glob("arm-turn_return-g1-seed0-*/trajectories/rank0.jsonl")
+    rows = [json.loads(x) for x in traj.read_text().splitlines()]
     assert rows and all(len(x["turn_advantages"]) == len(x["turns"]) for x in rows)
     # a rerun resumes: finished arms are not trained again
     assert main(["--smoke", "--model", "tiny", "--threads", "1", "--output-dir", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "results.json").read_text())["arms"] == r["arms"]
+    assert "[credit] skip turn_return/seed0: finished" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -279,9 +279,10 @@ def token_advantages(
     out = np.zeros(mask.size, dtype=np.float32)
     covered = np.zeros(mask.size, dtype=bool)
     for a, span in zip(turn_advantages, turn_spans, strict=True):
-        s, e = int(span[0]), min(int(span[1]), mask.size)
+        s, e = int(span[0]), int(span[1])
         if s < 0 or s > e:
             raise ValueError(f"bad turn span {tuple(span)}")
+        s, e = min(s, mask.size), min(e, mask.size)  # a turn that starts past a clipped completion's end: empty
         out[s:e] = a
         covered[s:e] = True
     if np.any((mask == 1) & ~covered):
