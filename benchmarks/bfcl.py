@@ -385,18 +385,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["auto", "bfloat16", "none"], default="auto",
                    help="autocast of generation and training: auto = bfloat16 where the CPU/GPU has it")
     p.add_argument("--num-envs", type=int, default=16, help="episodes per generation batch in evaluations")
-    p.add_argument("--max-turn-tokens", type=int, default=256)
-    p.add_argument("--max-episode-tokens", type=int, default=4096)
-    p.add_argument("--warmstart-episodes", type=int, default=256)
-    p.add_argument("--warmstart-steps", type=int, default=40)
-    p.add_argument("--warmstart-lr", type=float, default=1e-4)
-    p.add_argument("--warmstart-micro-batch", type=int, default=2)
-    p.add_argument("--grpo-steps", type=int, default=80)
-    p.add_argument("--grpo-tasks", type=int, default=160)
-    p.add_argument("--grpo-prompts-per-step", type=int, default=2)
-    p.add_argument("--grpo-num-generations", type=int, default=8)
-    p.add_argument("--grpo-lr", type=float, default=3e-5)
-    p.add_argument("--grpo-save-steps", type=int, default=10)
+    # the protocol's numbers (docs/bfcl.md): option, default, help
+    for name, default, what in [
+        ("max-turn-tokens", 256, "tokens per assistant turn (evaluation, warm start, GRPO)"),
+        ("max-episode-tokens", 4096, "tokens per episode"),
+        ("warmstart-episodes", 256, "oracle episodes drawn from the train split"),
+        ("warmstart-steps", 40, "masked-SFT steps of 8 episodes"),
+        ("warmstart-lr", 1e-4, "masked-SFT learning rate (linear decay)"),
+        ("warmstart-micro-batch", 2, "episodes per forward/backward in the warm start (memory; same gradient)"),
+        ("grpo-steps", 80, "GRPO steps"),
+        ("grpo-tasks", 160, "train tasks GRPO draws its prompts from"),
+        ("grpo-prompts-per-step", 2, "prompts per GRPO step"),
+        ("grpo-num-generations", 8, "samples per prompt"),
+        ("grpo-lr", 3e-5, "GRPO learning rate"),
+        ("grpo-save-steps", 10, "a resumable GRPO checkpoint every this many steps"),
+    ]:
+        p.add_argument(f"--{name}", type=type(default), default=default, help=what)
     p.add_argument("--shared-prefix", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                    help="GRPO's shared-prefix knob (default: the trainer's default); changes no result")
     p.add_argument("--threads", type=int, default=0, help="torch threads per stage process (0: torch's default)")

@@ -19,15 +19,14 @@ continues on another machine from the committed records alone.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import platform
 import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.stages import config_key, machine, read_json, write_json
 
 __all__ = ["PROTOCOL", "Stage", "finish", "latest_checkpoint", "load_done", "state_digest", "system_info",
            "write_json"]
@@ -36,27 +35,6 @@ __all__ = ["PROTOCOL", "Stage", "finish", "latest_checkpoint", "load_done", "sta
 PROTOCOL = "credit-v2"
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically: a temporary file in the same directory, fsynced, then renamed
-    over ``path`` (a reader sees the old file or the whole new one, never a part)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return obj if isinstance(obj, dict) else None
 
 
 @dataclass(frozen=True)
@@ -71,8 +49,7 @@ class Stage:
     def key(self) -> str:
         """12 hex digits of the SHA-256 of the spec as canonical JSON (sorted keys): equal specs, equal keys, in
         every process and on every machine."""
-        text = json.dumps({"protocol": PROTOCOL, **self.spec}, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        return config_key({"protocol": PROTOCOL, **self.spec})
 
     @property
     def id(self) -> str:
@@ -89,10 +66,10 @@ class Stage:
 def load_done(stage: Stage, out: Path, results_dir: Path) -> dict[str, Any] | None:
     """The stage's results record if it is finished, else ``None``. The committed record counts first; a stage
     finished under ``OUT`` whose record is missing from ``results_dir`` gets it written there."""
-    rec = _read_json(stage.record_path(results_dir))
+    rec = read_json(stage.record_path(results_dir))
     if rec is not None and rec.get("key") == stage.key:
         return rec
-    rec = _read_json(stage.dir(out) / "done.json")
+    rec = read_json(stage.dir(out) / "done.json")
     if rec is not None and rec.get("key") == stage.key:
         write_json(stage.record_path(results_dir), rec)
         return rec
@@ -123,8 +100,8 @@ def latest_checkpoint(grpo_dir: Path, progress_dir: Path) -> tuple[Path, int, di
             if m and p.is_dir():
                 found.append((int(m.group(1)), p))
     for step, path in sorted(found, reverse=True):
-        state = _read_json(path / "trainer_state.json")
-        progress = _read_json(Path(progress_dir) / f"step-{step}.json")
+        state = read_json(path / "trainer_state.json")
+        progress = read_json(Path(progress_dir) / f"step-{step}.json")
         if state is not None and progress is not None and int(state.get("global_step", -1)) == step:
             return path, step, progress
         shutil.rmtree(path, ignore_errors=True)
@@ -144,27 +121,7 @@ def state_digest(state_dict: Mapping[str, Any]) -> str:
     return h.hexdigest()[:16]
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def system_info(threads: int | None = None) -> dict[str, Any]:
-    """Where a stage ran: CPU model and logical core count, torch threads, Python, torch, transformers and TRL
-    versions."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    def ver(pkg: str) -> str | None:
-        try:
-            return version(pkg)
-        except PackageNotFoundError:
-            return None
-
-    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "threads": threads,
-            "python": platform.python_version(), "torch": ver("torch"), "transformers": ver("transformers"),
-            "trl": ver("trl")}
+    """Where a stage ran: :func:`benchmarks.stages.machine` (CPU model, cores, bfloat16 units, library versions) and
+    the torch threads it used."""
+    return {**machine(), "threads": threads}

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stage", "config_key", "machine", "write_json"]
+__all__ = ["Stage", "config_key", "machine", "read_json", "write_json"]
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -58,11 +58,26 @@ def machine() -> dict[str, Any]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` whole or not at all (a temporary file beside it, then ``os.replace``)."""
+    """Write ``data`` as JSON to ``path`` whole or not at all: a temporary file in the same directory, fsynced, then
+    renamed over ``path`` (a reader sees the old file or the whole new one, never a part)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or ``None`` when the file is missing, unreadable or not a JSON object."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 class Stage:
@@ -88,8 +103,9 @@ class Stage:
     def result(self) -> dict[str, Any] | None:
         """The finished stage's result (from ``out``, else from the committed results), or ``None``."""
         for path in (self.done_file, self.results):
-            if path is not None and path.is_file():
-                return json.loads(path.read_text())
+            rec = None if path is None else read_json(path)
+            if rec is not None and rec.get("key") == self.key:
+                return rec
         return None
 
     def files_ready(self) -> bool:
