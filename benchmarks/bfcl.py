@@ -44,6 +44,10 @@ ENV_ID = "toolgym/BFCL-v0"
 IN_CATEGORIES = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
 NON_LIVE_AST = ("simple_python", "multiple", "parallel", "parallel_multiple")
 OOD_AST = ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+#: token budgets of every stage; the warm start (masked SFT, batches of 8); GRPO (docs/bfcl.md, "Protocol")
+BUDGETS = {"max_turn_tokens": 256, "max_episode_tokens": 4096}
+WARMSTART = {"episodes": 256, "steps": 40, "lr": 1e-4, "micro_batch": 2}
+GRPO = {"steps": 80, "tasks": 160, "prompts_per_step": 2, "num_generations": 8, "lr": 3e-5, "save_steps": 10}
 RESULTS = Path(__file__).resolve().parent / "results" / "bfcl"
 #: the leaderboard's published figures (theirs, BFCL v4 leaderboard, not measured here), shown beside ours
 PUBLISHED = {
@@ -385,22 +389,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["auto", "bfloat16", "none"], default="auto",
                    help="autocast of generation and training: auto = bfloat16 where the CPU/GPU has it")
     p.add_argument("--num-envs", type=int, default=16, help="episodes per generation batch in evaluations")
-    # the protocol's numbers (docs/bfcl.md): option, default, help
-    for name, default, what in [
-        ("max-turn-tokens", 256, "tokens per assistant turn (evaluation, warm start, GRPO)"),
-        ("max-episode-tokens", 4096, "tokens per episode"),
-        ("warmstart-episodes", 256, "oracle episodes drawn from the train split"),
-        ("warmstart-steps", 40, "masked-SFT steps of 8 episodes"),
-        ("warmstart-lr", 1e-4, "masked-SFT learning rate (linear decay)"),
-        ("warmstart-micro-batch", 2, "episodes per forward/backward in the warm start (memory; same gradient)"),
-        ("grpo-steps", 80, "GRPO steps"),
-        ("grpo-tasks", 160, "train tasks GRPO draws its prompts from"),
-        ("grpo-prompts-per-step", 2, "prompts per GRPO step"),
-        ("grpo-num-generations", 8, "samples per prompt"),
-        ("grpo-lr", 3e-5, "GRPO learning rate"),
-        ("grpo-save-steps", 10, "a resumable GRPO checkpoint every this many steps"),
-    ]:
-        p.add_argument(f"--{name}", type=type(default), default=default, help=what)
+    # the protocol's numbers (docs/bfcl.md, "Protocol")
+    for group, numbers in (("", BUDGETS), ("warmstart-", WARMSTART), ("grpo-", GRPO)):
+        for k, v in numbers.items():
+            p.add_argument(f"--{group}{k.replace('_', '-')}", type=type(v), default=v,
+                           help=f"the protocol's {group}{k} (default {v})")
     p.add_argument("--shared-prefix", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                    help="GRPO's shared-prefix knob (default: the trainer's default); changes no result")
     p.add_argument("--threads", type=int, default=0, help="torch threads per stage process (0: torch's default)")
