@@ -139,10 +139,13 @@ def _warmstart_stage(spec: dict[str, Any]) -> None:
     tasks = draw_tasks(ENV_ID, cfg["episodes"], seed=cfg["seed"] + 1, split="train", env_kwargs=kw)
     kept, _ = collect(ENV_ID, oracle_policy(), tasks, seeds=cfg["seed"], num_envs=16,
                       max_turn_tokens=cfg["max_turn_tokens"], env_kwargs=kw)
+    # activation memory: recomputed in the backward (the same gradient), so long BFCL prompts fit the RSS budget
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     losses = masked_sft(model, kept, steps=cfg["steps"], lr=cfg["lr"], batch_size=cfg["batch_size"],
                         seed=cfg["seed"], micro_batch_size=cfg["micro_batch_size"], autocast=cfg["autocast"],
                         trim_heap=True)
+    model.gradient_checkpointing_disable()
     model.eval()
     _save(model, tok, d / "model", cfg)
     stage.finish({"train_ids": [t.get("id") for t in tasks], "kept_episodes": len(kept),
@@ -182,7 +185,7 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
         trl=dict(output_dir=str(trl_dir), max_steps=cfg["steps"], learning_rate=cfg["lr"],
                  per_device_train_batch_size=g, gradient_accumulation_steps=p, generation_batch_size=g * p,
                  num_generations=g, max_completion_length=cfg["max_turn_tokens"], temperature=1.0, beta=0.0,
-                 bf16=cfg["autocast"] == "bfloat16", logging_steps=1, save_strategy="steps",
+                 bf16=cfg["autocast"] == "bfloat16", gradient_checkpointing=True, logging_steps=1, save_strategy="steps",
                  save_steps=cfg["save_steps"], save_total_limit=1, report_to=[], seed=cfg["seed"],
                  use_cpu=not torch.cuda.is_available(), disable_tqdm=True),
     )
