@@ -22,7 +22,9 @@ of BFCL-v0's ``multiple`` train split per step with 8 samples in one micro-batch
 autocast, optimizer and memory settings).
 Reports the wall time of the steps, the time in generation, in the loss forward and in the backward, the peak
 RSS (sampled every 5 ms by :class:`toolgym.resources.Phases`) and each step's loss (equal losses = the same
-function).
+function). With ``shared_prefix`` the "on" process then also times the loss forward + backward of its last step's
+micro-batches packed and unshared in turn (medians of 3), which a loaded machine's drift between processes does not
+bias.
 
     make demo   # or any run that saved runs/demo/warmstart
     MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --reps 2
@@ -126,6 +128,7 @@ def child(checkpoint: str | None, steps: int, on: bool, compare: str = "scored_p
             trainer.train()
     finally:
         rollout.close()
+    interleaved = _interleaved_loss(trainer, model) if compare == "shared_prefix" and on else None
     grpo = phases.to_dict()["phases"]["grpo"]
     wall, peak = grpo["wall_s"], grpo["peak_rss_mb"]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h and "reward" in h]
@@ -134,7 +137,24 @@ def child(checkpoint: str | None, steps: int, on: bool, compare: str = "scored_p
             "loss_forward_s": round(spent["loss_forward"], 1), "backward_s": round(spent["backward"], 1),
             "peak_rss_mb": round(peak), "losses": losses, "completion_tokens": [round(x, 1) for x in lengths],
             "skipped_micro_batches": int(getattr(trainer, "skipped_micro_batches", 0)),
-            "shared_prefix_forwards": int(getattr(trainer, "shared_prefix_forwards", 0))}
+            "shared_prefix_forwards": int(getattr(trainer, "shared_prefix_forwards", 0)),
+            "interleaved_loss_s": interleaved}
+
+
+def _interleaved_loss(trainer: Any, model: Any, reps: int = 3) -> dict[str, float]:
+    """Median seconds of one loss forward + backward over the last step's micro-batches, packed and unshared in
+    turn in this one process (so that a machine's changing load falls on both alike)."""
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    trainer.current_gradient_accumulation_steps = 1
+    for _ in range(reps):
+        for key in ("off", "on"):
+            trainer.shared_prefix = key == "on"
+            t = time.perf_counter()
+            for mb in trainer._buffered_inputs:
+                trainer._compute_loss(model, mb).backward()
+            times[key].append(time.perf_counter() - t)
+            model.zero_grad(set_to_none=True)
+    return {k: round(statistics.median(v), 2) for k, v in times.items()}
 
 
 def main() -> None:
@@ -167,7 +187,8 @@ def main() -> None:
                   f"{row['generation_s']:5.1f} s  forward {row['loss_forward_s']:5.1f} s  backward "
                   f"{row['backward_s']:5.1f} s  peak {row['peak_rss_mb']:5d} MiB  skipped "
                   f"{row['skipped_micro_batches']}  packed {row['shared_prefix_forwards']}  completion tokens "
-                  f"{row['completion_tokens']}  losses {row['losses']}",
+                  f"{row['completion_tokens']}  losses {row['losses']}"
+                  + (f"  interleaved loss fwd+bwd s {row['interleaved_loss_s']}" if row["interleaved_loss_s"] else ""),
                   flush=True)
 
     def med(on: bool, key: str) -> float:
