@@ -333,6 +333,7 @@ def test_the_lm_head_scores_only_the_completion_positions_on_a_cpu(tmp_path, mon
             assert trl_utils._use_triton(torch.device("cpu")) is True
         from trl import GRPOTrainer
 
+        trainer.shared_prefix = False  # TRL's own rows, not the packed ones (tests/test_shared_prefix.py)
         GRPOTrainer._compute_loss(trainer, trainer.model, mb)  # TRL's own: every position of the micro-batch
         width = mb["prompt_ids"].size(1) + mb["completion_ids"].size(1) - 1
         assert rows[-1] == 2 * width > rows[0]

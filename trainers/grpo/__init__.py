@@ -4,7 +4,7 @@ This module is the algorithm's contract (:class:`Config`, :func:`run`); the rest
 visits it: :mod:`~trainers.grpo.build` (the trainer wired to the env), :mod:`~trainers.grpo.rollout_adapter` (TRL's
 ``rollout_func``: episodes through the env), :mod:`~trainers.grpo.generation` (generation with the trainer's own
 model) and :mod:`~trainers.grpo.sampling`, :mod:`~trainers.grpo.trainer` (advantages, the loss) and
-:mod:`~trainers.grpo.zero_advantage`, :mod:`~trainers.grpo.efficiency` (the CPU memory and speed techniques),
+:mod:`~trainers.grpo.zero_advantage`, :mod:`~trainers.grpo.shared_prefix`, :mod:`~trainers.grpo.efficiency` (the CPU memory and speed techniques),
 :mod:`~trainers.grpo.preflight` (checks before loading) and :mod:`~trainers.grpo.importance_sampling_metrics`.
 
 Run (``toolgym train grpo``; any accelerate config, see ``docs/training.md``)::
@@ -76,6 +76,12 @@ class Config:
                                           "are all zero, where their gradient is exactly zero (one process, beta 0, "
                                           "no entropy bonus; trainers/grpo/zero_advantage.py): GRPO groups that all "
                                           "failed or all succeeded cost no training compute")
+    shared_prefix: bool = opt(True, "compute each GRPO group's prompt once in the loss forward and backward: the "
+                                    "rows of a micro-batch that share a prompt are packed into one row, every "
+                                    "completion attending to the prompt and to its own tokens (same "
+                                    "log-probabilities and gradients; trainers/grpo/shared_prefix.py). Shares "
+                                    "within a micro-batch: per_device_train_batch_size >= num_generations shares a "
+                                    "whole group")
     trl: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
                 "...); a trl.GRPOConfig object is accepted too", "trl_config": "GRPOConfig"})

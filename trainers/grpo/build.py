@@ -80,6 +80,7 @@ def build_trainer(
         train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
         advantage=config.advantage, gamma=config.gamma, skip_zero_advantage=config.skip_zero_advantage,
+        shared_prefix=config.shared_prefix,
         **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
     )
     add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/grpo/importance_sampling_metrics.py)

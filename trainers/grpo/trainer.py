@@ -32,12 +32,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers.utils import logging as hf_logging
 from trl import GRPOTrainer
 
 from trainers.credit import check_estimator, token_advantages, turn_advantages
+from trainers.grpo.shared_prefix import ATTENTION_IMPLEMENTATIONS, pack, unpack
 from trainers.grpo.zero_advantage import PARTITION_INVARIANT, all_zero, ensure_zero_grads, regroup, skippable
 
 __all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "scored_positions_only", "trim_padding"]
+
+logger = hf_logging.get_logger(__name__)
 
 #: rollout extra fields the estimator reads (``trainers.grpo.rollout_adapter.ToolgymRollout`` returns them)
 NEEDED = ("env_turn_rewards", "env_outcome", "env_turn_spans")
@@ -180,11 +184,19 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         gigpo_omega: weight of GiGPO's step-level advantage.
         skip_zero_advantage: leave out the forward and backward of micro-batches whose advantages are all zero,
             where their gradient is exactly zero (:mod:`trainers.grpo.zero_advantage`; one process only).
+        shared_prefix: compute each prompt once for the rows of a micro-batch that share it
+            (:mod:`trainers.grpo.shared_prefix`), and lay out a fresh generation batch so that a group's rows share
+            micro-batches.
     """
 
     def __init__(self, *args: Any, advantage: str = "outcome", gamma: float = 1.0, gigpo_omega: float = 1.0,
-                 skip_zero_advantage: bool = True, **kwargs: Any) -> None:
+                 skip_zero_advantage: bool = True, shared_prefix: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: pack the rows of a micro-batch that share a prompt (:mod:`trainers.grpo.shared_prefix`)
+        self.shared_prefix = bool(shared_prefix)
+        #: forwards computed packed, and why others were not (reason -> count)
+        self.shared_prefix_forwards = 0
+        self.unshared_reasons: dict[str, int] = {}
         #: leave out micro-batches whose advantages are all zero where that is exact (:mod:`trainers.grpo.zero_advantage`)
         self.skip_zero_advantage = bool(skip_zero_advantage) and skippable(self)
         #: how many micro-batches were left out so far
@@ -253,12 +265,14 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
 
     def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
         """TRL's, then, on a freshly generated batch, its zero-advantage rows moved into the last micro-batches
-        (:func:`trainers.grpo.zero_advantage.regroup`; the step's gradient is the same sum) when they may be skipped."""
+        (:func:`trainers.grpo.zero_advantage.regroup`; the step's gradient is the same sum) when they may be skipped,
+        and, with ``shared_prefix``, the rows of a group next to each other, so that they share micro-batches."""
         spg = int(getattr(self.args, "steps_per_generation", 1) or 1)
         fresh = self.model.training and (self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None)
         inputs = super()._prepare_inputs(generation_batch)
-        if fresh and self.skip_zero_advantage and self.loss_type in PARTITION_INVARIANT:
-            regrouped = regroup(self._buffered_inputs)
+        if fresh and (self.skip_zero_advantage or self.shared_prefix) and self.loss_type in PARTITION_INVARIANT:
+            regrouped = regroup(self._buffered_inputs, zeros_last=self.skip_zero_advantage,
+                                by_prompt=self.shared_prefix)
             if regrouped is not None:
                 self._buffered_inputs = regrouped
                 inputs = regrouped[self._step % spg]
@@ -275,6 +289,59 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
         with scored_positions_only():
             return super()._compute_loss(model, trim_padding(inputs))
+
+    def _unshared(self, reason: str) -> None:
+        if reason not in self.unshared_reasons:
+            logger.warning("shared-prefix GRPO: this forward computes every row's prompt (%s)", reason)
+        self.unshared_reasons[reason] = self.unshared_reasons.get(reason, 0) + 1
+
+    def _get_per_token_logps_and_entropies(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                           logits_to_keep: int, batch_size: int | None = None,
+                                           compute_entropy: bool = False, compute_aux_loss: bool = False,
+                                           **multimodal: Any) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """TRL's per-token log-probabilities ``(B, C)`` (and entropies ``(B, C)``) of the completion tokens, with
+        the rows that share a prompt packed into one row (:mod:`trainers.grpo.shared_prefix`) when
+        ``shared_prefix`` is on. TRL's own computation where packing does not apply: a multimodal batch, an MoE
+        auxiliary loss, an attention implementation that takes no custom 4-D mask, or no prompt that two rows
+        of a chunk share (logged once per reason)."""
+        unshared = (model, input_ids, attention_mask, logits_to_keep)
+        kwargs = dict(batch_size=batch_size, compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
+                      **multimodal)
+        if not self.shared_prefix:
+            return super()._get_per_token_logps_and_entropies(*unshared, **kwargs)
+        base = self.accelerator.unwrap_model(model)
+        impl = getattr(getattr(base, "config", None), "_attn_implementation", None)
+        reason = None
+        if any(v is not None for v in multimodal.values()):
+            reason = "multimodal inputs"
+        elif compute_aux_loss:
+            reason = "MoE auxiliary loss"
+        elif impl not in ATTENTION_IMPLEMENTATIONS:
+            reason = f"attention implementation {impl!r} takes no custom 4-D mask"
+        if reason is not None:
+            self._unshared(reason)
+            return super()._get_per_token_logps_and_entropies(*unshared, **kwargs)
+        chunk = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), chunk):
+            ids, am = input_ids[start:start + chunk], attention_mask[start:start + chunk]
+            packed = pack(ids, am, logits_to_keep, attn_implementation=impl,
+                          mask_dtype=base.get_input_embeddings().weight.dtype)
+            if packed is None:
+                self._unshared("no prompt shared by two rows of the micro-batch")
+                lp, ent, _ = super()._get_per_token_logps_and_entropies(
+                    model, ids, am, logits_to_keep, compute_entropy=compute_entropy)
+            else:
+                self.shared_prefix_forwards += 1
+                with self.accelerator.autocast():
+                    out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                                position_ids=packed.position_ids, shift_labels=packed.shift_labels,
+                                fused_lm_head=True)
+                lp = unpack(out.log_probs, packed)
+                ent = unpack(out.entropy, packed) if compute_entropy else None
+            logps.append(lp)
+            entropies.append(ent)
+        return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None, None)
 
     def _log_turns(self, mode: str, rewards: list[list[float]], advs: list[list[float]]) -> None:
         kmax = max((len(r) for r in rewards), default=0)

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from trainers.grpo.shared_prefix import prompt_groups
+
 __all__ = ["ADVANTAGE_WEIGHTED", "PARTITION_INVARIANT", "all_zero", "ensure_zero_grads", "regroup", "skippable"]
 
 #: TRL 1.16 loss types whose per-token loss is a multiple of the advantage (zero advantage: zero loss)
@@ -62,11 +64,15 @@ def all_zero(inputs: dict[str, Any]) -> bool:
     return isinstance(adv, torch.Tensor) and adv.numel() > 0 and bool(_zero_rows(adv).all())
 
 
-def regroup(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def regroup(micro_batches: list[dict[str, Any]], *, zeros_last: bool = True,
+            by_prompt: bool = False) -> list[dict[str, Any]] | None:
     """The rows of ``micro_batches`` (TRL's split of one generation batch: dicts of ``(rows, ...)`` tensors, lists
     of one item per row, 0-d tensors and ``None``, every micro-batch with the same number of rows) laid out again
-    so that the rows with a non-zero advantage come first, then those without (each part in its current order),
-    in as many micro-batches of the same size. ``None`` (leave them as they are) when there is nothing to move or
+    so that the rows with a non-zero advantage come first, then those without (each part in its current order;
+    ``zeros_last``), in as many micro-batches of the same size. With ``by_prompt`` the rows of each part are also
+    ordered by their prompt (rows with identical ``prompt_ids``/``prompt_mask`` next to each other, prompts in the
+    order of their first row), so that a GRPO group's rows share micro-batches
+    (:mod:`trainers.grpo.shared_prefix`). ``None`` (leave them as they are) when there is nothing to move or
     the batch holds something else (e.g. a vision model's per-image pixel values).
 
     Every index is made on the device of the advantages it is computed from and moved to the device of each tensor
@@ -91,7 +97,16 @@ def regroup(micro_batches: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
         else:
             return None
     zero = _zero_rows(merged["advantages"])
-    order = torch.cat([torch.nonzero(~zero).flatten(), torch.nonzero(zero).flatten()])
+    if not zeros_last:
+        zero = torch.zeros_like(zero)
+    if by_prompt and isinstance(merged.get("prompt_ids"), torch.Tensor) and isinstance(
+            merged.get("prompt_mask"), torch.Tensor):
+        group = torch.as_tensor(prompt_groups(merged["prompt_ids"], merged["prompt_mask"]), device=zero.device)
+        parts = [torch.nonzero(~zero).flatten(), torch.nonzero(zero).flatten()]
+        # a stable sort of each part by group (equal keys keep their order)
+        order = torch.cat([part[torch.sort(group[part], stable=True).indices] for part in parts])
+    else:
+        order = torch.cat([torch.nonzero(~zero).flatten(), torch.nonzero(zero).flatten()])
     if bool((order == torch.arange(len(order), device=order.device)).all()):
         return None
     positions = order.tolist()  # one device-to-host copy for the per-row lists, not one per row
