@@ -76,10 +76,12 @@ class Config:
                                           "are all zero, where their gradient is exactly zero (one process, beta 0, "
                                           "no entropy bonus; trainers/grpo/zero_advantage.py): GRPO groups that all "
                                           "failed or all succeeded cost no training compute")
-    shared_prefix: bool = opt(True, "compute each GRPO group's prompt once in the loss forward and backward: the "
-                                    "rows of a micro-batch that share a prompt are packed into one row, every "
-                                    "completion attending to the prompt and to its own tokens (same "
-                                    "log-probabilities and gradients; trainers/grpo/shared_prefix.py). Shares "
+    shared_prefix: bool = opt(True, "compute each GRPO group's prompt once: transformers generation prefills it "
+                                    "once and copies its keys and values to the group's rows "
+                                    "(toolgym/rollout/shared_prefix.py), and the loss forward and backward pack "
+                                    "the rows of a micro-batch that share a prompt into one row, every completion "
+                                    "attending to the prompt and to its own tokens (trainers/grpo/shared_prefix.py); "
+                                    "same log-probabilities and gradients up to float rounding. The loss shares "
                                     "within a micro-batch: per_device_train_batch_size >= num_generations shares a "
                                     "whole group")
     trl: dict[str, Any] = field(default_factory=dict, metadata={

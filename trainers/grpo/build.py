@@ -72,7 +72,7 @@ def build_trainer(
     rollout = ToolgymRollout(
         config.env_id, tasks, env_kwargs=env_kwargs, max_turn_tokens=config.max_turn_tokens,
         trajectory_dir=config.trajectory_dir, schedule=config.schedule, trim_heap=config.trim_heap,
-        shared_prefix=bool(getattr(config, "shared_prefix", True)),
+        shared_prefix=config.shared_prefix,
     )
     callbacks = [*callbacks, *efficiency.callbacks(config.trim_heap)]
     trainer = trainer_class(config)(
