@@ -71,6 +71,29 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[i
     return [seen.setdefault(row.numpy().tobytes(), len(seen)) for row in key]
 
 
+def _pad(xs: list[torch.Tensor], length: int, value: int | bool) -> torch.Tensor:
+    """The 1-D tensors ``xs`` right-padded with ``value`` to ``length`` and stacked: ``(len(xs), length)``."""
+    return torch.stack([torch.nn.functional.pad(x, (0, length - len(x)), value=value) for x in xs])
+
+
+def _packed_mask(key: torch.Tensor, seg: torch.Tensor, attn_implementation: str,
+                 mask_dtype: torch.dtype) -> torch.Tensor:
+    """The ``(R, 1, L, L)`` attention mask of packed rows: a query sees the keys at or before it that are valid
+    (``key`` ``(R, L)`` bool) and in the prompt (segment 0) or in its own segment (``seg`` ``(R, L)``; -1 = padding);
+    every query sees itself. Boolean for ``sdpa``; additive in ``mask_dtype`` (0 / dtype min) for ``eager``."""
+    length = key.shape[1]
+    idx = torch.arange(length, device=key.device)
+    causal = idx[None, :] <= idx[:, None]
+    same = (seg[:, None, :] == 0) | (seg[:, None, :] == seg[:, :, None])
+    allowed = causal[None] & same & key[:, None, :] & (seg[:, :, None] >= 0)
+    allowed |= torch.eye(length, dtype=torch.bool, device=key.device)[None]  # no query without a key
+    mask = allowed[:, None]
+    if attn_implementation == "eager":
+        mask = torch.zeros(mask.shape, dtype=mask_dtype, device=mask.device).masked_fill(
+            ~mask, torch.finfo(mask_dtype).min)
+    return mask
+
+
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, *,
          attn_implementation: str = "sdpa", mask_dtype: torch.dtype = torch.float32,
          multiple: int = PACK_MULTIPLE) -> Packed | None:
@@ -145,21 +168,9 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
         dst_rows.append(torch.cat(dst) if dst else torch.zeros(0, dtype=torch.long, device=input_ids.device))
     longest = max(len(x) for x in rows_ids)
     length = max(1, -(-longest // max(1, multiple)) * max(1, multiple))
-
-    def pad(xs: list[torch.Tensor], value: int | bool) -> torch.Tensor:
-        return torch.stack([torch.nn.functional.pad(x, (0, length - len(x)), value=value) for x in xs])
-
-    ids_t, pos_t, lab_t = pad(rows_ids, 0), pad(rows_pos, 0), pad(rows_lab, -100)
-    key_t, seg_t = pad(rows_key, False), pad(rows_seg, -1)
-    idx = torch.arange(length, device=input_ids.device)
-    causal = idx[None, :] <= idx[:, None]
-    same = (seg_t[:, None, :] == 0) | (seg_t[:, None, :] == seg_t[:, :, None])
-    allowed = causal[None] & same & key_t[:, None, :] & (seg_t[:, :, None] >= 0)
-    allowed |= torch.eye(length, dtype=torch.bool, device=input_ids.device)[None]  # no query without a key
-    mask = allowed[:, None]
-    if attn_implementation == "eager":
-        mask = torch.zeros(mask.shape, dtype=mask_dtype, device=mask.device).masked_fill(
-            ~mask, torch.finfo(mask_dtype).min)
+    ids_t, pos_t, lab_t = _pad(rows_ids, length, 0), _pad(rows_pos, length, 0), _pad(rows_lab, length, -100)
+    key_t, seg_t = _pad(rows_key, length, False), _pad(rows_seg, length, -1)
+    mask = _packed_mask(key_t, seg_t, attn_implementation, mask_dtype)
     src_t = torch.cat([s + i * length for i, s in enumerate(src_rows)])
     return Packed(ids_t, mask, pos_t, lab_t, src_t, torch.cat(dst_rows), (b, c))
 
