@@ -121,7 +121,7 @@ def _registry_cli(cwd: Path, *args: str, wrap: list[str] | None = None, timeout:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_two_promotions_at_once_are_a_compare_and_set(sqlite_store, tmp_path, ckpts, monkeypatch) -> None:  # noqa: F811
-    from trainers import registry
+    from trainers.tracking import registry
 
     for version, rate in ((1, 0.2), (2, 0.9), (3, 0.5)):
         row = registry.register(ckpts["tiny1"], "calc", _eval(tmp_path / f"e{version}.json", rate, ckpt=ckpts["tiny1"]))

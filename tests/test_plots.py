@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.rollout_files import make_rollout_file
-from toolgym import plots
+from toolgym.report import plots
 from toolgym.runtime import run_sync
 from toolgym.tools.base import ToolCall
 from toolgym.tools.executor import ToolExecutor

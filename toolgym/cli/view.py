@@ -65,7 +65,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from toolgym import plots
+    from toolgym.report import plots
     from toolgym.report.viewer import TrajectoryFileError
 
     try:
