@@ -69,6 +69,7 @@ class DemoConfig:
     bf16: bool = False
     optim: str = "adamw_torch"
     trim_heap: bool = False  # hand freed heap pages back to the OS after every training micro-batch and generation
+    shared_prefix: bool = True  # GRPO computes each group's prompt once (generation and loss; trainers.grpo.Config)
     lora: dict[str, Any] | None = None  # GRPO trains LoRA adapters (peft.LoraConfig fields), merged in after it
     freeze_embeddings: bool = False  # train everything but the (tied) input embedding / LM head
     # warm start: masked SFT on oracle episodes ("train" split)
@@ -266,6 +267,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     grpo_cfg = grpo.Config(
         env_id=ENV_ID, env_kwargs={"split": "train", **pk}, max_turn_tokens=cfg.max_turn_tokens, lora=cfg.lora,
         trim_heap=cfg.trim_heap,  # after every generation, micro-batch and step
+        shared_prefix=cfg.shared_prefix,
         trajectory_dir=str(out / "trajectories" / "grpo"), save_model=False,  # saved below, with the template
         trl=dict(
             output_dir=str(out / "grpo"), max_steps=cfg.grpo_steps, learning_rate=cfg.grpo_lr,
