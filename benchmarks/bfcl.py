@@ -300,19 +300,24 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
     results, proto = Path(args.results), protocol(args)
 
     def table(tag: str, parent_key: str | None) -> dict[str, Any] | None:
+        """The finished categories of one checkpoint; the summary columns only once every category is finished."""
         rows, entries = {}, {}
-        for ev in eval_plan(proto, tag, parent_key):
+        plan = eval_plan(proto, tag, parent_key)
+        for ev in plan:
             r = Stage(Path("/nonexistent"), ev["name"], ev["config"], results).result()
-            if r is None:
-                return None
-            rows[ev["config"]["category"]] = r["row"]
-            entries.update({(e["category"], str(e["id"])): float(e["valid"]) for e in r["entries"]})
-        return {"rows": rows, "summary": summary_columns(rows), "entries": entries}
+            if r is not None:
+                rows[ev["config"]["category"]] = r["row"]
+                entries.update({(e["category"], str(e["id"])): float(e["valid"]) for e in r["entries"]})
+        if not rows:
+            return None
+        complete = len(rows) == len(plan)
+        return {"rows": rows, "complete": complete, "summary": summary_columns(rows) if complete else {},
+                "entries": entries}
 
     def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:
         """The paired difference b - a over the entries of ``cats`` both evaluated (``None``: no such entry)."""
         keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
-        if not keys:
+        if not keys or not (a["complete"] and b["complete"]):
             return None
         return paired_difference_ci([a["entries"][k] for k in keys], [b["entries"][k] for k in keys])
 
@@ -363,7 +368,7 @@ def report(args: argparse.Namespace) -> str:
         return "-" if not c else f"{100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
 
     def live(t: dict[str, Any] | None) -> str:
-        if t is None:
+        if t is None or not t["complete"]:
             return "-"
         n = sum(t["rows"][c]["n"] for c in OOD_AST if c in t["rows"])
         k = sum(t["rows"][c]["correct"] for c in OOD_AST if c in t["rows"])
@@ -379,6 +384,15 @@ def report(args: argparse.Namespace) -> str:
                      f"| {' / '.join(pct(t['rows'].get('irrelevance', {}).get('accuracy')) if t else '-' for t in (u, w, g))} "
                      f"| {' / '.join(live(t) for t in (u, w, g))} "
                      f"| {' / '.join(pct(t['rows'].get('live_irrelevance', {}).get('accuracy')) if t else '-' for t in (u, w, g))} |")
+    # every category of every finished evaluation stage, accuracy in % ("-": not run yet)
+    tables = [("untrained", u)] + [(f"seed {seed} {k}", s[t]) for seed, s in r["seeds"].items()
+                                   for k, t in (("warm start", "warm_table"), ("GRPO", "grpo_table"))]
+    cats = list(r["protocol"]["categories"]) + sorted(ood_ids(r["protocol"]["ood"]["ast"],
+                                                              r["protocol"]["ood"]["irrelevance"]))
+    lines += ["", "| category | " + " | ".join(name for name, _ in tables) + " |", "|---" * (len(tables) + 1) + "|"]
+    for c in cats:
+        cells = [pct(t["rows"][c]["accuracy"]) if t and c in t["rows"] else "-" for _, t in tables]
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
