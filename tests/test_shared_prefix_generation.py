@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="shared-prefix generation runs the model with torch")
 
 from toolgym.models import load_model  # noqa: E402
 from toolgym.rollout import GenerationRequest, TransformersPolicy  # noqa: E402
