@@ -110,7 +110,7 @@ class CreditBenchConfig:
     warmup_steps: int = 4  # linear learning-rate warm-up (every arm): no first update at the full rate
     num_generations: int = 4
     prompts_per_step: int = 2
-    lr: float = 3e-5
+    lr: float = 1e-5  # 3e-5 in the first validation round, where outcome-only GRPO collapsed (docs/credit.md)
     temperature: float = 0.5
     max_completion_length: int = 320
     grpo_tasks: int = 128
@@ -743,13 +743,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="the validation run: outcome and turn_return at each candidate gamma, one seed, evaluated on "
                          "train-split tasks no arm trains on (chooses gamma; checks that outcome GRPO learns)")
     ap.add_argument("--gamma", type=float, default=None, help="turn_return / gigpo discount (from --validate)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="GRPO learning rate of every arm (default 1e-5; 3e-5 reproduces the first validation round)")
     a = ap.parse_args(argv)
     cfg = CreditBenchConfig()
     if a.smoke:
         cfg = replace(cfg, output_dir="runs/credit-smoke", **SMOKE)  # type: ignore[arg-type]
     if a.output_dir:
         cfg.output_dir = a.output_dir
-    for name in ("token_budget", "max_steps", "save_steps", "threads", "model", "gamma"):
+    for name in ("token_budget", "max_steps", "save_steps", "threads", "model", "gamma", "lr"):
         if getattr(a, name) is not None:
             setattr(cfg, name, getattr(a, name))
     if a.seeds:

@@ -141,7 +141,7 @@ def test_stage_keys_follow_what_a_stage_computes(tmp_path):
     same = replace(cfg, threads=1, save_steps=9, output_dir=str(tmp_path), seeds=(3, 0))
     assert {n: s.key for n, s, *_ in plan(same).arms}.items() <= keys.items()
     # a knob that changes training changes every arm's key, and the warm start's key reaches its arms
-    assert all(s.key != keys[n] for n, s, *_ in plan(replace(cfg, lr=1e-5)).arms)
+    assert all(s.key != keys[n] for n, s, *_ in plan(replace(cfg, lr=2 * cfg.lr)).arms)
     assert all(s.key != keys[n] for n, s, *_ in plan(replace(cfg, warmstart_lr=1e-4)).arms)
     # gamma changes the turn-level arms only (outcome ignores it)
     g = {n: s.key for n, s, *_ in plan(replace(cfg, gamma=0.9)).arms}
