@@ -248,6 +248,15 @@ def eval_plan(proto: dict[str, Any], tag: str, parent_key: str | None) -> list[d
     return plan
 
 
+def warmstart_files_needed(ws_evals_done: bool, grpo_done: bool, grpo_evals_done: bool, grpo_files: bool) -> bool:
+    """Whether a seed's remaining stages need the warm start's checkpoint on disk: to evaluate it, to start GRPO
+    from it, or to rebuild a finished GRPO run whose checkpoint is gone (on another machine) while GRPO's
+    evaluations remain. A finished warm start whose checkpoint is needed but missing is rebuilt from its config."""
+    if not ws_evals_done or not grpo_done:
+        return True
+    return not grpo_evals_done and not grpo_files
+
+
 def run(args: argparse.Namespace) -> None:
     out, results = Path(args.out), Path(args.results)
     proto = protocol(args)
@@ -272,7 +281,8 @@ def run(args: argparse.Namespace) -> None:
                             for e in eval_plan(proto, f"warmstart-seed{seed}", ws.key))
         gr_evals_done = all(Stage(out, e["name"], e["config"], results).result() is not None
                             for e in eval_plan(proto, f"grpo-seed{seed}", gr.key))
-        needs_ws_files = not ws_evals_done or (gr.result() is None or (not gr_evals_done and not gr.files_ready()))
+        needs_ws_files = warmstart_files_needed(ws_evals_done, gr.result() is not None, gr_evals_done,
+                                                gr.files_ready())
         if ws.result() is None or (needs_ws_files and not ws.files_ready()):
             print(f"[bfcl] warm start, seed {seed}", flush=True)
             _run_child("_warmstart_stage", {**common, "name": ws.name, "config": ws_cfg,

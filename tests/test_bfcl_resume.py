@@ -104,3 +104,17 @@ def test_a_committed_result_is_not_recomputed_on_a_new_machine(tmp_path: Path) -
     other = Stage(tmp_path / "out", plan[0]["name"], {**plan[0]["config"], "max_turn_tokens": 17},
                   tmp_path / "results")
     assert other.key != fresh.key and other.result() is None
+
+
+@pytest.mark.parametrize(("ws_evals", "grpo", "grpo_evals", "grpo_files", "needed"), [
+    (False, True, True, True, True),     # the warm start's own evaluations remain
+    (True, False, False, False, True),   # GRPO starts from the warm start
+    (True, True, False, False, True),    # GRPO finished elsewhere, its evaluations remain, its checkpoint is gone
+    (True, True, False, True, False),    # GRPO's checkpoint is here: its evaluations need nothing else
+    (True, True, True, False, False),    # everything of the seed is recorded
+])
+def test_the_warm_start_checkpoint_is_rebuilt_only_when_a_remaining_stage_needs_it(
+        ws_evals: bool, grpo: bool, grpo_evals: bool, grpo_files: bool, needed: bool) -> None:
+    from benchmarks.bfcl import warmstart_files_needed
+
+    assert warmstart_files_needed(ws_evals, grpo, grpo_evals, grpo_files) is needed
