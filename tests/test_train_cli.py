@@ -170,7 +170,8 @@ def test_grpo_two_steps_of_the_tiny_model_log_toolgym_metrics_to_tensorboard(tmp
     ea = EventAccumulator(run)
     ea.Reload()
     tags = set(ea.Tags()["scalars"])
-    for t in ("train/toolgym/success", "train/toolgym/tool_call_rate", "train/toolgym/turns",
+    for t in ("train/toolgym/success", "train/toolgym/groups_with_success", "train/toolgym/tool_call_rate",
+              "train/toolgym/turns",
               "train/toolgym/errors/parse_error", "train/rewards/env_reward/mean", "train/frac_reward_zero_std"):
         assert t in tags, sorted(tags)
     assert [e.step for e in ea.Scalars("train/toolgym/success")] == [1, 2]

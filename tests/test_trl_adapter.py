@@ -153,6 +153,11 @@ def test_env_reward_passes_through_and_logs_metrics():
     assert r == [1.0, 0.25]
     assert logged["toolgym/tool_call_rate"] == 0.5 and logged["toolgym/success"] == 0.5
     assert logged["toolgym/errors/timeout"] == 1.0 and logged["toolgym/errors/parse_error"] == 0.0
+    assert "toolgym/groups_with_success" not in logged  # no task ids: no groups
+    # two groups of 3 samples: one task solved once, one never
+    env_reward(env_reward=[1.0, 0, 0, 0, 0, 0], env_outcome=[0.0, 1.0, 0.0, 0.0, 0.0, 0.0],
+               task_id=["t1"] * 3 + ["t2"] * 3, log_metric=logged.__setitem__)
+    assert logged["toolgym/groups_with_success"] == 0.5 and logged["toolgym/success"] == 1 / 6
     with pytest.raises(ValueError, match="env_reward"):
         env_reward(prompts=["a"], completions=["x"])
 

@@ -289,19 +289,27 @@ def env_reward(
     env_truncated: list[bool] | None = None,
     env_errors: list[list[str]] | None = None,
     env_empty: list[bool] | None = None,
+    task_id: list[str] | None = None,
     log_metric: Any = None,
     **_: Any,
 ) -> list[float]:
     """TRL reward function: pass the env's episode reward through (``rewards/env_reward/mean`` in TRL's logs)
     and log ``toolgym/*`` metrics: success (outcome >= 1), tool-call rate (episodes with a call), calls per
-    episode, turns, truncated fraction, and ``toolgym/errors/<kind>`` (errors per episode) for every
-    :class:`~toolgym.tools.base.ToolErrorKind` (always all kinds, so every rank logs the same names)."""
+    episode, turns, truncated fraction, ``toolgym/groups_with_success`` (the share of this rank's tasks with at
+    least one successful sample: the groups that give an outcome reward anything to learn from) and
+    ``toolgym/errors/<kind>`` (errors per episode) for every :class:`~toolgym.tools.base.ToolErrorKind` (always all
+    kinds, so every rank logs the same names)."""
     if env_reward is None:
         raise ValueError("env_reward needs the `env_reward` field: use it with trainers.grpo.rollout_adapter.ToolgymRollout")
     n = len(env_reward)
     if log_metric is not None and n:
         if env_outcome is not None:
             log_metric("toolgym/success", float(np.mean([o >= 1.0 for o in env_outcome])))
+            if task_id is not None:
+                solved: dict[str, bool] = {}
+                for tid, o in zip(task_id, env_outcome, strict=True):
+                    solved[tid] = solved.get(tid, False) or o >= 1.0
+                log_metric("toolgym/groups_with_success", sum(solved.values()) / len(solved))
         if env_tool_calls is not None:
             log_metric("toolgym/tool_call_rate", float(np.mean([c > 0 for c in env_tool_calls])))
             log_metric("toolgym/calls_per_episode", float(np.mean(env_tool_calls)))
