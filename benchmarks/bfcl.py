@@ -273,9 +273,9 @@ def run(args: argparse.Namespace) -> None:
 
     evaluate("untrained", None, None)
     for seed in args.seeds:
-        ws_cfg = _ws_cfg(args, proto, seed)
+        ws_cfg = warmstart_config(args, proto, seed)
         ws = Stage(out, f"warmstart-seed{seed}", ws_cfg, results)
-        gr_cfg = _gr_cfg(args, proto, seed, ws.key)
+        gr_cfg = grpo_config(args, proto, seed, ws.key)
         gr = Stage(out, f"grpo-seed{seed}", gr_cfg, results)
         ws_evals_done = all(Stage(out, e["name"], e["config"], results).result() is not None
                             for e in eval_plan(proto, f"warmstart-seed{seed}", ws.key))
@@ -296,113 +296,26 @@ def run(args: argparse.Namespace) -> None:
                                        "toolgym": {"shared_prefix": args.shared_prefix}
                                        if args.shared_prefix is not None else {}})
         evaluate(f"grpo-seed{seed}", str(gr.dir / "model"), gr.key)
+    from benchmarks.bfcl_report import report
+
     print(report(args), flush=True)
 
 
-# -- the report, from the results alone ----------------------------------------------------------------------------
-
-def collect_results(args: argparse.Namespace) -> dict[str, Any]:
-    """Every finished stage's per-entry verdicts and figures, read from ``--results`` alone."""
-    from toolgym.evaluation import paired_difference_ci
-    from toolgym.evaluation.bfcl import summary_columns
-
-    results, proto = Path(args.results), protocol(args)
-
-    def table(tag: str, parent_key: str | None) -> dict[str, Any] | None:
-        """The finished categories of one checkpoint; the summary columns only once every category is finished."""
-        rows, entries = {}, {}
-        plan = eval_plan(proto, tag, parent_key)
-        for ev in plan:
-            r = Stage(Path("/nonexistent"), ev["name"], ev["config"], results).result()
-            if r is not None:
-                rows[ev["config"]["category"]] = r["row"]
-                entries.update({(e["category"], str(e["id"])): float(e["valid"]) for e in r["entries"]})
-        if not rows:
-            return None
-        complete = len(rows) == len(plan)
-        return {"rows": rows, "complete": complete, "summary": summary_columns(rows) if complete else {},
-                "entries": entries}
-
-    def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:
-        """The paired difference b - a over the entries of ``cats`` both evaluated (``None``: no such entry)."""
-        keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
-        if not keys or not (a["complete"] and b["complete"]):
-            return None
-        return paired_difference_ci([a["entries"][k] for k in keys], [b["entries"][k] for k in keys])
-
-    out: dict[str, Any] = {"protocol": proto, "untrained": table("untrained", None), "seeds": {}}
-    for seed in args.seeds:
-        ws_cfg_key = Stage(Path("/nonexistent"), f"warmstart-seed{seed}", _ws_cfg(args, proto, seed), results)
-        gr = Stage(Path("/nonexistent"), f"grpo-seed{seed}", _gr_cfg(args, proto, seed, ws_cfg_key.key), results)
-        s = {"warmstart": ws_cfg_key.result(), "grpo": gr.result(),
-             "warm_table": table(f"warmstart-seed{seed}", ws_cfg_key.key),
-             "grpo_table": table(f"grpo-seed{seed}", gr.key)}
-        u, w, g = out["untrained"], s["warm_table"], s["grpo_table"]
-        if u and w:
-            s["warmstart_gain_non_live_ast"] = gain(u, w, NON_LIVE_AST)
-        if w and g:
-            s["grpo_gain_non_live_ast"] = gain(w, g, NON_LIVE_AST)
-            s["grpo_gain_irrelevance"] = gain(w, g, ("irrelevance",))
-            s["grpo_gain_ood_ast"] = gain(w, g, OOD_AST)
-        out["seeds"][seed] = s
-    return out
-
-
-def _ws_cfg(args: argparse.Namespace, proto: dict[str, Any], seed: int) -> dict[str, Any]:
+def warmstart_config(args: argparse.Namespace, proto: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The key material of seed ``seed``'s warm-start stage."""
     return {"seed": seed, "categories": proto["categories"], "episodes": args.warmstart_episodes,
             "steps": args.warmstart_steps, "lr": args.warmstart_lr, "batch_size": 8,
             "micro_batch_size": args.warmstart_micro_batch, "max_turn_tokens": proto["max_turn_tokens"],
             "max_episode_tokens": proto["max_episode_tokens"], "autocast": proto["autocast"], "model": proto["model"]}
 
 
-def _gr_cfg(args: argparse.Namespace, proto: dict[str, Any], seed: int, ws_key: str) -> dict[str, Any]:
+def grpo_config(args: argparse.Namespace, proto: dict[str, Any], seed: int, ws_key: str) -> dict[str, Any]:
+    """The key material of seed ``seed``'s GRPO stage (``ws_key``: its warm start's key)."""
     return {"warmstart": ws_key, "seed": seed, "categories": proto["categories"], "steps": args.grpo_steps,
             "tasks": args.grpo_tasks, "prompts_per_step": args.grpo_prompts_per_step,
             "num_generations": args.grpo_num_generations, "lr": args.grpo_lr,
             "max_turn_tokens": proto["max_turn_tokens"], "max_episode_tokens": proto["max_episode_tokens"],
             "autocast": proto["autocast"], "save_steps": args.grpo_save_steps}
-
-
-def report(args: argparse.Namespace) -> str:
-    """A markdown table of every finished stage (``-`` where a stage has not run yet)."""
-    r = collect_results(args)
-
-    def pct(x: float | None) -> str:
-        return "-" if x is None else f"{100 * x:.1f}"
-
-    def col(t: dict[str, Any] | None, k: str) -> str:
-        return "-" if t is None else pct(t["summary"].get(k))
-
-    def ci(c: dict[str, float] | None) -> str:
-        return "-" if not c else f"{100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
-
-    def live(t: dict[str, Any] | None) -> str:
-        if t is None or not t["complete"]:
-            return "-"
-        n = sum(t["rows"][c]["n"] for c in OOD_AST if c in t["rows"])
-        k = sum(t["rows"][c]["correct"] for c in OOD_AST if c in t["rows"])
-        return pct(k / n) if n else "-"
-
-    u = r["untrained"]
-    lines = ["| seed | non-live AST: untrained / warm start / GRPO | GRPO's own gain [95% CI] | irrelevance "
-             "| live AST (OOD) | live irrelevance (OOD) |", "|---|---|---|---|---|---|"]
-    for seed, s in r["seeds"].items():
-        w, g = s["warm_table"], s["grpo_table"]
-        lines.append(f"| {seed} | {col(u, 'non_live_ast')} / {col(w, 'non_live_ast')} / {col(g, 'non_live_ast')} "
-                     f"| {ci(s.get('grpo_gain_non_live_ast'))} "
-                     f"| {' / '.join(pct(t['rows'].get('irrelevance', {}).get('accuracy')) if t else '-' for t in (u, w, g))} "
-                     f"| {' / '.join(live(t) for t in (u, w, g))} "
-                     f"| {' / '.join(pct(t['rows'].get('live_irrelevance', {}).get('accuracy')) if t else '-' for t in (u, w, g))} |")
-    # every category of every finished evaluation stage, accuracy in % ("-": not run yet)
-    tables = [("untrained", u)] + [(f"seed {seed} {k}", s[t]) for seed, s in r["seeds"].items()
-                                   for k, t in (("warm start", "warm_table"), ("GRPO", "grpo_table"))]
-    cats = list(r["protocol"]["categories"]) + sorted(ood_ids(r["protocol"]["ood"]["ast"],
-                                                              r["protocol"]["ood"]["irrelevance"]))
-    lines += ["", "| category | " + " | ".join(name for name, _ in tables) + " |", "|---" * (len(tables) + 1) + "|"]
-    for c in cats:
-        cells = [pct(t["rows"][c]["accuracy"]) if t and c in t["rows"] else "-" for _, t in tables]
-        lines.append(f"| {c} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -438,8 +351,9 @@ def main(argv: list[str] | None = None) -> None:
         args.grpo_steps, args.grpo_tasks, args.grpo_prompts_per_step, args.grpo_num_generations = 1, 2, 1, 2
         args.grpo_save_steps, args.max_turn_tokens, args.num_envs = 1, 32, 4
     if args.report:
+        from benchmarks.bfcl_report import report
+
         print(report(args))
-        print("context (the leaderboard's published numbers, theirs):", json.dumps(PUBLISHED))
         return
     t0 = time.perf_counter()
     run(args)

@@ -80,6 +80,12 @@ def test_a_killed_run_resumes_without_recomputing_finished_stages(tmp_path: Path
     assert rep.returncode == 0, rep.stderr[-3000:]
     row = next(line for line in rep.stdout.splitlines() if line.startswith("| 0 |"))
     assert " - " not in row.split("|")[2], row  # untrained / warm start / GRPO all present
+    lines = rep.stdout.splitlines()
+    # GRPO's training log (2 steps) and every stage's cost come from the records too
+    assert any(line.startswith("| 0 | 2 | ") for line in lines), rep.stdout
+    for stage in ("untrained evaluation | 2/2", "seed 0 warm start | yes", "seed 0 warm start evaluation | 2/2",
+                  "seed 0 GRPO | yes", "seed 0 GRPO evaluation | 2/2"):
+        assert any(line.startswith(f"| {stage} |") for line in lines), (stage, rep.stdout)
     assert not (tmp_path / "elsewhere").exists()
 
 

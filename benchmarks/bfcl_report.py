@@ -1,0 +1,192 @@
+"""The BFCL learning experiment's report, computed from the committed stage results alone
+(``benchmarks/results/bfcl/``): ``python benchmarks/bfcl.py --seeds 0 1 2 --report``.
+
+Tables, in Markdown: per seed, the leaderboard's summary columns for untrained -> warm start -> GRPO with GRPO's own
+paired gain (95% CI over entries); every category of every finished evaluation; what GRPO's training logged (reward
+and success at the start and the end of the run, the share of groups with a success, the share of groups with no
+reward spread); the commonest BFCL error types on the non-live AST entries; the wall and CPU time and peak RSS of
+every stage; and the leaderboard's published numbers for small models, marked as theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bfcl import (
+    NON_LIVE_AST,
+    OOD_AST,
+    PUBLISHED,
+    eval_plan,
+    grpo_config,
+    ood_ids,
+    protocol,
+    warmstart_config,
+)
+from benchmarks.stages import Stage
+
+NOWHERE = Path("/nonexistent")  # no stage directory: a stage's result is read from the results directory alone
+
+
+def collect_results(args: argparse.Namespace) -> dict[str, Any]:
+    """Every finished stage's per-entry verdicts and figures, read from ``--results`` alone."""
+    from toolgym.evaluation import paired_difference_ci
+    from toolgym.evaluation.bfcl import summary_columns
+
+    results, proto = Path(args.results), protocol(args)
+
+    def table(tag: str, parent_key: str | None) -> dict[str, Any] | None:
+        """The finished categories of one checkpoint; the summary columns only once every category is finished."""
+        rows, entries, errors, cost = {}, {}, {}, {"wall_s": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0}
+        plan = eval_plan(proto, tag, parent_key)
+        for ev in plan:
+            r = Stage(NOWHERE, ev["name"], ev["config"], results).result()
+            if r is not None:
+                rows[ev["config"]["category"]] = r["row"]
+                entries.update({(e["category"], str(e["id"])): float(e["valid"]) for e in r["entries"]})
+                errors.update({(e["category"], str(e["id"])): e.get("error_type") for e in r["entries"]})
+                cost["wall_s"] += r.get("wall_s") or 0.0
+                cost["cpu_s"] += r.get("cpu_s") or 0.0
+                cost["peak_rss_mb"] = max(cost["peak_rss_mb"], r.get("peak_rss_mb") or 0.0)
+        if not rows:
+            return None
+        complete = len(rows) == len(plan)
+        return {"rows": rows, "complete": complete, "summary": summary_columns(rows) if complete else {},
+                "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}"}
+
+    def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:
+        """The paired difference b - a over the entries of ``cats`` both evaluated (``None``: no such entry)."""
+        keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
+        if not keys or not (a["complete"] and b["complete"]):
+            return None
+        return paired_difference_ci([a["entries"][k] for k in keys], [b["entries"][k] for k in keys])
+
+    out: dict[str, Any] = {"protocol": proto, "untrained": table("untrained", None), "seeds": {}}
+    for seed in args.seeds:
+        ws = Stage(NOWHERE, f"warmstart-seed{seed}", warmstart_config(args, proto, seed), results)
+        gr = Stage(NOWHERE, f"grpo-seed{seed}", grpo_config(args, proto, seed, ws.key), results)
+        s = {"warmstart": ws.result(), "grpo": gr.result(),
+             "warm_table": table(f"warmstart-seed{seed}", ws.key),
+             "grpo_table": table(f"grpo-seed{seed}", gr.key)}
+        u, w, g = out["untrained"], s["warm_table"], s["grpo_table"]
+        if u and w:
+            s["warmstart_gain_non_live_ast"] = gain(u, w, NON_LIVE_AST)
+        if w and g:
+            s["grpo_gain_non_live_ast"] = gain(w, g, NON_LIVE_AST)
+            s["grpo_gain_irrelevance"] = gain(w, g, ("irrelevance",))
+            s["grpo_gain_ood_ast"] = gain(w, g, OOD_AST)
+            s["grpo_gain_ood_irrelevance"] = gain(w, g, ("live_irrelevance",))
+        out["seeds"][seed] = s
+    return out
+
+
+def grpo_training(result: dict[str, Any], window: int = 10) -> dict[str, Any]:
+    """What a GRPO stage's per-step log says: means over its first and last ``window`` steps of the reward, the
+    success rate, the share of groups with at least one success (``toolgym/groups_with_success``, where logged)
+    and the share of groups with no reward spread (``frac_reward_zero_std``: nothing to learn from), and the
+    median seconds per step. Values are fractions; ``None`` where the log lacks the metric."""
+    steps = [row for row in result.get("log_history", []) if "reward" in row or "toolgym/success" in row]
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float | None:
+        xs = [row[key] for row in rows if key in row]
+        return statistics.fmean(xs) if xs else None
+
+    out: dict[str, Any] = {"steps": len(steps)}
+    for key, name in (("reward", "reward"), ("toolgym/success", "success"),
+                      ("toolgym/groups_with_success", "groups_with_success"),
+                      ("frac_reward_zero_std", "zero_spread")):
+        out[name] = (mean(steps[:window], key), mean(steps[-window:], key))
+    times = [row["step_time"] for row in steps if "step_time" in row]
+    out["step_s"] = statistics.median(times) if times else None
+    return out
+
+
+def report(args: argparse.Namespace) -> str:
+    """The Markdown tables of every finished stage (``-`` where a stage has not run yet)."""
+    r = collect_results(args)
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    def col(t: dict[str, Any] | None, k: str) -> str:
+        return "-" if t is None else pct(t["summary"].get(k))
+
+    def ci(c: dict[str, float] | None) -> str:
+        return "-" if not c else f"{100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
+
+    def live(t: dict[str, Any] | None) -> str:
+        if t is None or not t["complete"]:
+            return "-"
+        n = sum(t["rows"][c]["n"] for c in OOD_AST if c in t["rows"])
+        k = sum(t["rows"][c]["correct"] for c in OOD_AST if c in t["rows"])
+        return pct(k / n) if n else "-"
+
+    def acc(t: dict[str, Any] | None, c: str) -> str:
+        return pct(t["rows"][c]["accuracy"]) if t and c in t["rows"] else "-"
+
+    u = r["untrained"]
+    lines = ["| seed | non-live AST: untrained / warm start / GRPO | GRPO's own gain [95% CI] | irrelevance "
+             "| live AST (OOD) | GRPO's own gain, live AST [95% CI] | live irrelevance (OOD) |",
+             "|---|---|---|---|---|---|---|"]
+    for seed, s in r["seeds"].items():
+        w, g = s["warm_table"], s["grpo_table"]
+        lines.append(f"| {seed} | {col(u, 'non_live_ast')} / {col(w, 'non_live_ast')} / {col(g, 'non_live_ast')} "
+                     f"| {ci(s.get('grpo_gain_non_live_ast'))} "
+                     f"| {' / '.join(acc(t, 'irrelevance') for t in (u, w, g))} "
+                     f"| {' / '.join(live(t) for t in (u, w, g))} | {ci(s.get('grpo_gain_ood_ast'))} "
+                     f"| {' / '.join(acc(t, 'live_irrelevance') for t in (u, w, g))} |")
+    # every category of every finished evaluation stage, accuracy in % ("-": not run yet)
+    tables = [("untrained", u)] + [(f"seed {seed} {k}", s[t]) for seed, s in r["seeds"].items()
+                                   for k, t in (("warm start", "warm_table"), ("GRPO", "grpo_table"))]
+    cats = list(r["protocol"]["categories"]) + sorted(ood_ids(r["protocol"]["ood"]["ast"],
+                                                              r["protocol"]["ood"]["irrelevance"]))
+    lines += ["", "| category | " + " | ".join(name for name, _ in tables) + " |", "|---" * (len(tables) + 1) + "|"]
+    for c in cats:
+        lines.append(f"| {c} | " + " | ".join(acc(t, c) for _, t in tables) + " |")
+
+    # GRPO's training log: first and last 10 steps
+    trained = [(seed, grpo_training(s["grpo"])) for seed, s in r["seeds"].items() if s["grpo"]]
+    if trained:
+        lines += ["", "| seed | GRPO steps | reward, steps 1-10 -> last 10 | success | groups with a success "
+                  "| groups with no reward spread | s per step (median) |", "|---|---|---|---|---|---|---|"]
+        for seed, t in trained:
+            pair = {k: f"{pct(t[k][0])} -> {pct(t[k][1])}" if t[k][0] is not None else "-"
+                    for k in ("success", "groups_with_success", "zero_spread")}
+            rw = "-" if t["reward"][0] is None else f"{t['reward'][0]:.3f} -> {t['reward'][1]:.3f}"
+            sp = "-" if t["step_s"] is None else f"{t['step_s']:.0f}"
+            lines.append(f"| {seed} | {t['steps']} | {rw} | {pair['success']} | {pair['groups_with_success']} "
+                         f"| {pair['zero_spread']} | {sp} |")
+
+    # the commonest BFCL error types on the non-live AST entries, per finished checkpoint
+    errs = [(name, Counter(e for (c, _), e in t["errors"].items() if c in NON_LIVE_AST and e))
+            for name, t in tables if t and any(c in t["rows"] for c in NON_LIVE_AST)]
+    if errs:
+        lines += ["", "| checkpoint | non-live AST entries failed | commonest error types (entries) |", "|---|---|---|"]
+        for name, counts in errs:
+            top = ", ".join(f"`{e}` {n}" for e, n in counts.most_common(4))
+            lines.append(f"| {name} | {sum(counts.values())} | {top} |")
+
+    # wall and CPU time and peak RSS of every finished stage
+    lines += ["", "| stage | finished | wall s | CPU s | peak RSS MB |", "|---|---|---|---|---|"]
+
+    def cost_row(name: str, done: str, c: dict[str, Any]) -> str:
+        return (f"| {name} | {done} | {c.get('wall_s') or 0:.0f} | {c.get('cpu_s') or 0:.0f} "
+                f"| {c.get('peak_rss_mb') or 0:.0f} |")
+
+    if u:
+        lines.append(cost_row("untrained evaluation", u["stages"], u["cost"]))
+    for seed, s in r["seeds"].items():
+        for name, stage, t in ((f"seed {seed} warm start", s["warmstart"], s["warm_table"]),
+                               (f"seed {seed} GRPO", s["grpo"], s["grpo_table"])):
+            if stage:
+                lines.append(cost_row(name, "yes", stage))
+            if t:
+                lines.append(cost_row(f"{name} evaluation", t["stages"], t["cost"]))
+
+    lines += ["", "For context, the leaderboard's published numbers (theirs, not measured here): " + "; ".join(
+        f"{model}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in cols.items())
+        for model, cols in PUBLISHED.items()) + "."]
+    return "\n".join(lines)
