@@ -91,10 +91,13 @@ def ood_ids(n_ast: int, n_irrelevance: int) -> dict[str, list[str]]:
 
 # -- what each stage computes (run in a fresh process) -------------------------------------------------------------
 
-def _load(path: str | None) -> tuple[Any, Any]:
+def _load(path: str | None, device: str | None = "auto") -> tuple[Any, Any]:
+    """The model (float32 weights, on ``device``: ``auto`` = the GPU when torch sees one) and its tokenizer."""
     from toolgym.models import load_model
+    from toolgym.placement import resolve_device
 
-    return load_model(path)
+    model, tok = load_model(path)
+    return model.to(resolve_device(device)), tok
 
 
 def _eval_stages(spec: dict[str, Any]) -> None:
@@ -106,7 +109,7 @@ def _eval_stages(spec: dict[str, Any]) -> None:
     from toolgym.rollout import TransformersPolicy
 
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
-    model, tok = _load(spec["checkpoint"])
+    model, tok = _load(spec["checkpoint"], spec.get("device"))
     policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, autocast=spec["autocast"])
     for ev in spec["evals"]:
         stage = Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"]))
@@ -136,7 +139,7 @@ def _warmstart_stage(spec: dict[str, Any]) -> None:
     stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
     d = stage.start()
     torch.manual_seed(cfg["seed"])
-    model, tok = _load(None)
+    model, tok = _load(None, spec.get("device"))
     kw = {"category": ",".join(cfg["categories"]), "split": "train", "tokenizer": tok,
           "max_episode_tokens": cfg["max_episode_tokens"]}
     tasks = draw_tasks(ENV_ID, cfg["episodes"], seed=cfg["seed"] + 1, split="train", env_kwargs=kw)
@@ -176,7 +179,7 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
     stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
     d = stage.start()
-    model, tok = _load(spec["warmstart_checkpoint"])
+    model, tok = _load(spec["warmstart_checkpoint"], spec.get("device"))
     kw = {"category": ",".join(cfg["categories"]), "split": "train", "max_episode_tokens": cfg["max_episode_tokens"]}
     tasks = draw_tasks(ENV_ID, cfg["tasks"], seed=cfg["seed"] + 2, split="train", env_kwargs={**kw, "tokenizer": tok})
     grpo = ALGORITHMS["grpo"]
@@ -190,7 +193,7 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
                  num_generations=g, max_completion_length=cfg["max_turn_tokens"], temperature=1.0, beta=0.0,
                  bf16=cfg["autocast"] == "bfloat16", gradient_checkpointing=True, logging_steps=1, save_strategy="steps",
                  save_steps=cfg["save_steps"], save_total_limit=1, report_to=[], seed=cfg["seed"],
-                 use_cpu=not torch.cuda.is_available(), disable_tqdm=True),
+                 use_cpu=model.device.type == "cpu", disable_tqdm=True),
     )
     saves = sorted(trl_dir.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1])) if trl_dir.is_dir() else []
     resume = str(saves[-1]) if saves else None
@@ -260,7 +263,8 @@ def warmstart_files_needed(ws_evals_done: bool, grpo_done: bool, grpo_evals_done
 def run(args: argparse.Namespace) -> None:
     out, results = Path(args.out), Path(args.results)
     proto = protocol(args)
-    common = {"out": str(out), "results": str(results), "threads": args.threads, "num_envs": args.num_envs}
+    common = {"out": str(out), "results": str(results), "threads": args.threads, "num_envs": args.num_envs,
+              "device": args.device}
     print(f"[bfcl] protocol: {json.dumps(proto)}", flush=True)
 
     def evaluate(tag: str, checkpoint: str | None, parent_key: str | None) -> None:
@@ -336,6 +340,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-prefix", type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
                    help="GRPO's shared-prefix knob (default: the trainer's default); changes no result")
     p.add_argument("--threads", type=int, default=0, help="torch threads per stage process (0: torch's default)")
+    p.add_argument("--device", default="auto", help="where every stage runs (not part of a stage's key): auto (the "
+                   "first CUDA GPU when torch sees one, else the CPU), cpu, cuda or cuda:N; weights stay float32 "
+                   "under the protocol's autocast")
     p.add_argument("--smoke", action="store_true", help="a tiny run: 2 entries per category, 1 SFT and 1 GRPO step")
     p.add_argument("--report", action="store_true", help="print the tables from --results and stop")
     p.add_argument("--out", default="runs/bfcl_bench")
