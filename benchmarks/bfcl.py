@@ -187,7 +187,9 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
     trl_dir = d / "trl"
     conf = grpo.Config(
         env_id=ENV_ID, env_kwargs=kw, max_turn_tokens=cfg["max_turn_tokens"], save_model=False,
-        num_train_tasks=cfg["tasks"], task_seed=cfg["seed"] + 2, **spec["toolgym"],
+        num_train_tasks=cfg["tasks"], task_seed=cfg["seed"] + 2,
+        # memory only (not in the key): freed heap pages go back to the OS after each generation and micro-batch
+        **{"trim_heap": True, **spec["toolgym"]},
         trl=dict(output_dir=str(trl_dir), max_steps=cfg["steps"], learning_rate=cfg["lr"],
                  per_device_train_batch_size=g, gradient_accumulation_steps=p, generation_batch_size=g * p,
                  num_generations=g, max_completion_length=cfg["max_turn_tokens"], temperature=1.0, beta=0.0,
