@@ -54,17 +54,26 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
         if not rows:
             return None
         complete = len(rows) == len(plan)
-        return {"rows": rows, "complete": complete, "summary": summary_columns(rows) if complete else {},
+        # the summary columns of the categories finished so far, once every in-distribution one is
+        in_dist = {c: row for c, row in rows.items() if c in proto["categories"]}
+        summary = summary_columns(rows) if complete else (
+            summary_columns(in_dist) if len(in_dist) == len(proto["categories"]) else {})
+        return {"rows": rows, "complete": complete, "summary": summary,
                 "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}"}
 
     def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:
-        """The paired difference b - a over the entries of ``cats`` both evaluated (``None``: no such entry)."""
+        """The paired difference b - a over the entries of ``cats`` (``None`` until both evaluated all of them)."""
+        if not all(c in t["rows"] for c in cats for t in (a, b)):
+            return None
         keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
-        if not keys or not (a["complete"] and b["complete"]):
+        if not keys:
             return None
         return paired_difference_ci([a["entries"][k] for k in keys], [b["entries"][k] for k in keys])
 
-    out: dict[str, Any] = {"protocol": proto, "untrained": table("untrained", None), "seeds": {}}
+    # the AST categories this protocol evaluates (the full protocol: all four non-live and all four live ones)
+    ast = tuple(c for c in proto["categories"] if c in NON_LIVE_AST)
+    ood_ast = tuple(c for c in ood_ids(proto["ood"]["ast"], proto["ood"]["irrelevance"]) if c in OOD_AST)
+    out: dict[str, Any] = {"protocol": proto, "ood_ast": ood_ast, "untrained": table("untrained", None), "seeds": {}}
     for seed in args.seeds:
         ws = Stage(NOWHERE, f"warmstart-seed{seed}", warmstart_config(args, proto, seed), results)
         gr = Stage(NOWHERE, f"grpo-seed{seed}", grpo_config(args, proto, seed, ws.key), results)
@@ -73,11 +82,11 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
              "grpo_table": table(f"grpo-seed{seed}", gr.key)}
         u, w, g = out["untrained"], s["warm_table"], s["grpo_table"]
         if u and w:
-            s["warmstart_gain_non_live_ast"] = gain(u, w, NON_LIVE_AST)
+            s["warmstart_gain_non_live_ast"] = gain(u, w, ast)
         if w and g:
-            s["grpo_gain_non_live_ast"] = gain(w, g, NON_LIVE_AST)
+            s["grpo_gain_non_live_ast"] = gain(w, g, ast)
             s["grpo_gain_irrelevance"] = gain(w, g, ("irrelevance",))
-            s["grpo_gain_ood_ast"] = gain(w, g, OOD_AST)
+            s["grpo_gain_ood_ast"] = gain(w, g, ood_ast)
             s["grpo_gain_ood_irrelevance"] = gain(w, g, ("live_irrelevance",))
         out["seeds"][seed] = s
     return out
@@ -118,10 +127,10 @@ def report(args: argparse.Namespace) -> str:
         return "-" if not c else f"{100 * c['mean']:+.1f} [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
 
     def live(t: dict[str, Any] | None) -> str:
-        if t is None or not t["complete"]:
+        if t is None or not all(c in t["rows"] for c in r["ood_ast"]):
             return "-"
-        n = sum(t["rows"][c]["n"] for c in OOD_AST if c in t["rows"])
-        k = sum(t["rows"][c]["correct"] for c in OOD_AST if c in t["rows"])
+        n = sum(t["rows"][c]["n"] for c in r["ood_ast"])
+        k = sum(t["rows"][c]["correct"] for c in r["ood_ast"])
         return pct(k / n) if n else "-"
 
     def acc(t: dict[str, Any] | None, c: str) -> str:

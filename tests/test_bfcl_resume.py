@@ -124,3 +124,31 @@ def test_the_warm_start_checkpoint_is_rebuilt_only_when_a_remaining_stage_needs_
     from benchmarks.bfcl import warmstart_files_needed
 
     assert warmstart_files_needed(ws_evals, grpo, grpo_evals, grpo_files) is needed
+
+
+def test_the_report_gives_the_in_distribution_gain_before_the_live_categories_finish(tmp_path: Path) -> None:
+    """Once the warm start and GRPO are evaluated on every in-distribution category, the report has the non-live
+    AST column and GRPO's paired gain; the live columns wait for their categories."""
+    from benchmarks.bfcl import eval_plan, grpo_config, parser, protocol, warmstart_config
+    from benchmarks.bfcl_report import collect_results, report
+    from benchmarks.stages import Stage
+
+    results = tmp_path / "results"
+    args = parser().parse_args([*TINY, "--out", str(tmp_path / "out"), "--results", str(results)])
+    proto = protocol(args)
+    ws = Stage(tmp_path / "o", "warmstart-seed0", warmstart_config(args, proto, 0), results)
+    gr = Stage(tmp_path / "o", "grpo-seed0", grpo_config(args, proto, 0, ws.key), results)
+    for tag, key, valid in (("warmstart-seed0", ws.key, False), ("grpo-seed0", gr.key, True)):
+        ev = eval_plan(proto, tag, key)[0]  # simple_python only: the live entry is not evaluated
+        assert ev["config"]["category"] == "simple_python"
+        st = Stage(tmp_path / "o", ev["name"], ev["config"], results)
+        st.start()
+        st.finish({"row": {"n": 1, "correct": int(valid), "accuracy": float(valid), "ci95": [0, 1], "truncated": 0.0,
+                           "errors": {}}, "entries": [{"category": "simple_python", "id": "simple_python_0",
+                                                       "valid": valid, "error_type": None if valid else "x"}]})
+    s = collect_results(args)["seeds"][0]
+    assert s["grpo_gain_non_live_ast"]["mean"] == 1.0
+    assert s["grpo_gain_ood_ast"] is None  # the live categories are not evaluated yet
+    row = next(line for line in report(args).splitlines() if line.startswith("| 0 |"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[2] == "- / 0.0 / 100.0" and cells[3].startswith("+100.0") and cells[5] == "- / - / -", row
