@@ -109,7 +109,7 @@ def _eval_stages(spec: dict[str, Any]) -> None:
     from toolgym.rollout import TransformersPolicy
 
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
-    model, tok = _load(spec["checkpoint"], spec.get("device"))
+    model, tok = _load(spec["checkpoint"], spec["device"])
     policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, autocast=spec["autocast"])
     for ev in spec["evals"]:
         stage = Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"]))
@@ -139,7 +139,7 @@ def _warmstart_stage(spec: dict[str, Any]) -> None:
     stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
     d = stage.start()
     torch.manual_seed(cfg["seed"])
-    model, tok = _load(None, spec.get("device"))
+    model, tok = _load(None, spec["device"])
     kw = {"category": ",".join(cfg["categories"]), "split": "train", "tokenizer": tok,
           "max_episode_tokens": cfg["max_episode_tokens"]}
     tasks = draw_tasks(ENV_ID, cfg["episodes"], seed=cfg["seed"] + 1, split="train", env_kwargs=kw)
@@ -179,7 +179,7 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
     stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
     d = stage.start()
-    model, tok = _load(spec["warmstart_checkpoint"], spec.get("device"))
+    model, tok = _load(spec["warmstart_checkpoint"], spec["device"])
     kw = {"category": ",".join(cfg["categories"]), "split": "train", "max_episode_tokens": cfg["max_episode_tokens"]}
     tasks = draw_tasks(ENV_ID, cfg["tasks"], seed=cfg["seed"] + 2, split="train", env_kwargs={**kw, "tokenizer": tok})
     grpo = ALGORITHMS["grpo"]

@@ -39,26 +39,26 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
     results, proto = Path(args.results), protocol(args)
 
     def table(tag: str, parent_key: str | None) -> dict[str, Any] | None:
-        """The finished categories of one checkpoint; the summary columns only once every category is finished."""
+        """The finished categories of one checkpoint: rows, per-entry verdicts (``entries``: 1.0 / 0.0) and BFCL
+        error types, summed cost; the summary columns once every in-distribution category is finished."""
         rows, entries, errors, cost = {}, {}, {}, {"wall_s": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0}
         plan = eval_plan(proto, tag, parent_key)
         for ev in plan:
             r = Stage(NOWHERE, ev["name"], ev["config"], results).result()
             if r is not None:
                 rows[ev["config"]["category"]] = r["row"]
-                entries.update({(e["category"], str(e["id"])): float(e["valid"]) for e in r["entries"]})
-                errors.update({(e["category"], str(e["id"])): e.get("error_type") for e in r["entries"]})
+                for e in r["entries"]:
+                    key = (e["category"], str(e["id"]))
+                    entries[key], errors[key] = float(e["valid"]), e.get("error_type")
                 cost["wall_s"] += r.get("wall_s") or 0.0
                 cost["cpu_s"] += r.get("cpu_s") or 0.0
                 cost["peak_rss_mb"] = max(cost["peak_rss_mb"], r.get("peak_rss_mb") or 0.0)
         if not rows:
             return None
-        complete = len(rows) == len(plan)
-        # the summary columns of the categories finished so far, once every in-distribution one is
         in_dist = {c: row for c, row in rows.items() if c in proto["categories"]}
-        summary = summary_columns(rows) if complete else (
-            summary_columns(in_dist) if len(in_dist) == len(proto["categories"]) else {})
-        return {"rows": rows, "complete": complete, "summary": summary,
+        done = rows if len(rows) == len(plan) else in_dist  # no live column from part of the live categories
+        summary = summary_columns(done) if len(in_dist) == len(proto["categories"]) else {}
+        return {"rows": rows, "summary": summary,
                 "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}"}
 
     def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:

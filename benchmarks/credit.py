@@ -658,8 +658,7 @@ def report_markdown(results: dict[str, Any]) -> str:
                 lines.append(f"\n{est} - outcome, {label} (paired over {d['n']} tasks, seeds {s['seeds']}): "
                              f"{d['mean']:+.3f} [95% CI {d['lo']:+.3f}, {d['hi']:+.3f}]")
         if not str(results.get("eval_split", "test")).startswith("validation"):
-            planned = len((results.get("config") or {}).get("seeds") or s.get("seeds") or ())
-            done = len(s.get("seeds") or ())
+            planned, done = len(results["config"]["seeds"]), len(s.get("seeds") or ())
             label = "Verdict" if done >= planned else f"Provisional verdict ({done} of {planned} seeds finished)"
             lines.append(f"\n{label}: {verdict(summary, est)}")
     broken = broken_baseline(results)
