@@ -4,7 +4,8 @@
 Tables, in Markdown: per seed, the leaderboard's summary columns for untrained -> warm start -> GRPO with GRPO's own
 paired gain (95% CI over entries); every category of every finished evaluation; what GRPO's training logged (reward
 and success at the start and the end of the run, the share of groups with a success, the share of groups with no
-reward spread); the commonest BFCL error types on the non-live AST entries; the wall and CPU time and peak RSS of
+reward spread) and what the policy did (the share of episodes that call a tool, calls per episode, completion
+tokens, entropy); the commonest BFCL error types on the non-live AST entries; the wall and CPU time and peak RSS of
 every stage; and the leaderboard's published numbers for small models, marked as theirs.
 """
 
@@ -95,8 +96,10 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
 def grpo_training(result: dict[str, Any], window: int = 10) -> dict[str, Any]:
     """What a GRPO stage's per-step log says: means over its first and last ``window`` steps of the reward, the
     success rate, the share of groups with at least one success (``toolgym/groups_with_success``, where logged)
-    and the share of groups with no reward spread (``frac_reward_zero_std``: nothing to learn from), and the
-    median seconds per step. Values are fractions; ``None`` where the log lacks the metric."""
+    and the share of groups with no reward spread (``frac_reward_zero_std``: nothing to learn from); what the
+    policy does: the share of episodes that call a tool (``tool_call_rate``), calls per episode, completion tokens
+    and the sampled tokens' entropy (nats; TRL logs it only for steps that train); and the median seconds per
+    step. Rates are fractions; ``None`` where the log lacks the metric."""
     steps = [row for row in result.get("log_history", []) if "reward" in row or "toolgym/success" in row]
 
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -106,7 +109,9 @@ def grpo_training(result: dict[str, Any], window: int = 10) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": len(steps)}
     for key, name in (("reward", "reward"), ("toolgym/success", "success"),
                       ("toolgym/groups_with_success", "groups_with_success"),
-                      ("frac_reward_zero_std", "zero_spread")):
+                      ("frac_reward_zero_std", "zero_spread"), ("toolgym/tool_call_rate", "tool_call_rate"),
+                      ("toolgym/calls_per_episode", "calls_per_episode"),
+                      ("completions/mean_length", "completion_tokens"), ("entropy", "entropy")):
         out[name] = (mean(steps[:window], key), mean(steps[-window:], key))
     times = [row["step_time"] for row in steps if "step_time" in row]
     out["step_s"] = statistics.median(times) if times else None
@@ -168,6 +173,18 @@ def report(args: argparse.Namespace) -> str:
             sp = "-" if t["step_s"] is None else f"{t['step_s']:.0f}"
             lines.append(f"| {seed} | {t['steps']} | {rw} | {pair['success']} | {pair['groups_with_success']} "
                          f"| {pair['zero_spread']} | {sp} |")
+        # what the policy does over the same windows: calling tools (irrelevance asks for no call), how many, how
+        # long, and how much its samples still differ (entropy)
+        lines += ["", "| seed | episodes that call a tool, steps 1-10 -> last 10 | calls per episode "
+                  "| completion tokens | entropy (nats) |", "|---|---|---|---|---|"]
+        for seed, t in trained:
+            def num(k: str, fmt: str, tt: dict[str, Any] = t) -> str:
+                a, b = tt[k]
+                return "-" if a is None or b is None else f"{a:{fmt}} -> {b:{fmt}}"
+            rate = "-" if t["tool_call_rate"][0] is None else \
+                f"{pct(t['tool_call_rate'][0])} -> {pct(t['tool_call_rate'][1])}"
+            lines.append(f"| {seed} | {rate} | {num('calls_per_episode', '.2f')} | {num('completion_tokens', '.0f')} "
+                         f"| {num('entropy', '.3f')} |")
 
     # the commonest BFCL error types on the non-live AST entries, per finished checkpoint
     errs = [(name, Counter(e for (c, _), e in t["errors"].items() if c in NON_LIVE_AST and e))

@@ -83,6 +83,8 @@ def test_a_killed_run_resumes_without_recomputing_finished_stages(tmp_path: Path
     lines = rep.stdout.splitlines()
     # GRPO's training log (2 steps) and every stage's cost come from the records too
     assert any(line.startswith("| 0 | 2 | ") for line in lines), rep.stdout
+    behaviour = lines.index(next(line for line in lines if line.startswith("| seed | episodes that call a tool")))
+    assert lines[behaviour + 2].startswith("| 0 | ") and " -> " in lines[behaviour + 2], rep.stdout
     for stage in ("untrained evaluation | 2/2", "seed 0 warm start | yes", "seed 0 warm start evaluation | 2/2",
                   "seed 0 GRPO | yes", "seed 0 GRPO evaluation | 2/2"):
         assert any(line.startswith(f"| {stage} |") for line in lines), (stage, rep.stdout)
