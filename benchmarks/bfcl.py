@@ -33,6 +33,7 @@ import json
 import multiprocessing
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,21 +112,48 @@ def _eval_stages(spec: dict[str, Any]) -> None:
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
     model, tok = _load(spec["checkpoint"], spec["device"])
     policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, autocast=spec["autocast"])
-    for ev in spec["evals"]:
-        stage = Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"]))
-        if stage.result() is not None:
-            continue
-        stage.start()
-        cfg = ev["config"]
-        rep = evaluate_bfcl(policy, [cfg["category"]], split="test", tasks="all", ids=cfg["ids"],
-                            num_envs=spec["num_envs"], max_turn_tokens=cfg["max_turn_tokens"], seed=0,
-                            env_kwargs={"tokenizer": tok, "max_episode_tokens": cfg["max_episode_tokens"]},
-                            policy_name=ev["name"])
-        row = rep.rows[cfg["category"]]
-        print(f"[bfcl] {ev['name']}: {row['accuracy']:.1%} of {row['n']} ({rep.wall_s:.0f} s)", flush=True)
-        stage.finish({"row": row, "entries": rep.entries})
+    pending = [Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"])) for ev in spec["evals"]]
+    for wait in (False, True):  # first the stages no other process is running, then wait for those it runs
+        for stage in list(pending):
+            with stage.lock(wait) as held:
+                if not held:
+                    continue
+                pending.remove(stage)
+                if stage.result() is not None:  # finished, possibly by another process
+                    continue
+                stage.start()
+                cfg = stage.config
+                rep = evaluate_bfcl(policy, [cfg["category"]], split="test", tasks="all", ids=cfg["ids"],
+                                    num_envs=spec["num_envs"], max_turn_tokens=cfg["max_turn_tokens"], seed=0,
+                                    env_kwargs={"tokenizer": tok, "max_episode_tokens": cfg["max_episode_tokens"]},
+                                    policy_name=stage.name)
+                row = rep.rows[cfg["category"]]
+                print(f"[bfcl] {stage.name}: {row['accuracy']:.1%} of {row['n']} ({rep.wall_s:.0f} s)", flush=True)
+                stage.finish({"row": row, "entries": rep.entries})
 
 
+def _locked(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """Run a training stage function under its stage's lock, and not at all when the stage is finished by the time
+    the lock is held (another process finished it, or, for a checkpoint rebuilt on this machine, left its files)."""
+    @functools.wraps(fn)
+    def run(spec: dict[str, Any]) -> None:
+        stage = _stage_of(spec)
+        with stage.lock():
+            if stage.result() is not None:
+                print(f"[bfcl] {spec['name']}: finished by another process", flush=True)
+                return
+            fn(spec)
+    return run
+
+
+def _stage_of(spec: dict[str, Any]) -> Stage:
+    """A training stage (warm start, GRPO) from its child spec: a rebuilt checkpoint (``rematerialise``) is
+    finished when its files are here, so its committed result is not consulted."""
+    return Stage(Path(spec["out"]), spec["name"], spec["config"],
+                 None if spec["rematerialise"] else Path(spec["results"]))
+
+
+@_locked
 def _warmstart_stage(spec: dict[str, Any]) -> None:
     """Masked SFT on oracle episodes of the train split; the checkpoint goes to ``STAGE/model``."""
     import torch
@@ -136,7 +164,7 @@ def _warmstart_stage(spec: dict[str, Any]) -> None:
 
     cfg = spec["config"]
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
-    stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
+    stage = _stage_of(spec)
     d = stage.start()
     torch.manual_seed(cfg["seed"])
     model, tok = _load(None, spec["device"])
@@ -167,6 +195,7 @@ def _save(model: Any, tok: Any, path: Path, cfg: dict[str, Any]) -> None:
                        autocast=cfg["autocast"])
 
 
+@_locked
 def _grpo_stage(spec: dict[str, Any]) -> None:
     """GRPO from the warm-start checkpoint, saving every ``save_steps``; resumes from the last save."""
     import torch
@@ -177,7 +206,7 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
 
     cfg = spec["config"]
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
-    stage = Stage(Path(spec["out"]), spec["name"], cfg, None if spec["rematerialise"] else Path(spec["results"]))
+    stage = _stage_of(spec)
     d = stage.start()
     model, tok = _load(spec["warmstart_checkpoint"], spec["device"])
     kw = {"category": ",".join(cfg["categories"]), "split": "train", "max_episode_tokens": cfg["max_episode_tokens"]}

@@ -43,6 +43,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -66,6 +67,7 @@ from benchmarks.credit_stages import (  # noqa: E402
     system_info,
     write_json,
 )
+from benchmarks.stages import stage_lock  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -324,54 +326,75 @@ def _run_stages(cfg: CreditBenchConfig, p: Plan, todo: list[tuple[str, Stage, st
     # -- warm start (shared): its weights stay under OUT; on a machine without them they are recomputed ----------
     ws_dir = p.warmstart.dir(out)
     ws_file = ws_dir / "warmstart.pt"
-    ws_done = (ws_dir / "done.json").exists() and ws_file.exists()
-    if ws_done:
-        model.load_state_dict(torch.load(ws_file))
-        print(f"[credit] skip warm start: weights from {ws_file}", flush=True)
-    else:
-        t0, c0 = time.perf_counter(), time.process_time()
-        torch.manual_seed(0)
-        ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=tr_kw)
-        kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
-                          max_turn_tokens=cfg.max_turn_tokens, env_kwargs=tr_kw)
-        losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
-                            batch_size=cfg.warmstart_batch_size, seed=0)
-        ws_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), ws_dir / "warmstart.pt.tmp")
-        os.replace(ws_dir / "warmstart.pt.tmp", ws_file)
-        digest = state_digest(model.state_dict())
-        prior = load_done(p.warmstart, out, rdir)
-        if prior is not None and prior.get("digest") != digest:
-            print(f"[credit] warning: the recomputed warm start's weights differ from the recorded ones "
-                  f"({digest} vs {prior.get('digest')}); arms started from either are recorded with their digest",
-                  flush=True)
-        rec = {"episodes": len(kept), "loss": losses, "digest": digest,
-               "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1),
-               "system": system_info(cfg.threads)}
-        if prior is None:
-            finish(p.warmstart, out, rdir, rec)
-        else:  # the committed record stays; this machine's weights are marked done under OUT only
-            write_json(ws_dir / "done.json", {**prior, "recomputed": rec})
+    with _locked(p.warmstart, out):  # held until this process has the weights (made here or elsewhere meanwhile)
+        ws_done = (ws_dir / "done.json").exists() and ws_file.exists()
+        if ws_done:
+            model.load_state_dict(torch.load(ws_file))
+            print(f"[credit] skip warm start: weights from {ws_file}", flush=True)
+        else:
+            t0, c0 = time.perf_counter(), time.process_time()
+            torch.manual_seed(0)
+            ws_tasks = draw_tasks(ENV_ID, cfg.warmstart_episodes, seed=1, split="train", env_kwargs=tr_kw)
+            kept, _ = collect(ENV_ID, oracle_policy(), ws_tasks, seeds=0, num_envs=min(16, len(ws_tasks)),
+                              max_turn_tokens=cfg.max_turn_tokens, env_kwargs=tr_kw)
+            losses = masked_sft(model, kept, steps=cfg.warmstart_steps, lr=cfg.warmstart_lr,
+                                batch_size=cfg.warmstart_batch_size, seed=0)
+            ws_dir.mkdir(parents=True, exist_ok=True)
+            torch.save(model.state_dict(), ws_dir / "warmstart.pt.tmp")
+            os.replace(ws_dir / "warmstart.pt.tmp", ws_file)
+            digest = state_digest(model.state_dict())
+            prior = load_done(p.warmstart, out, rdir)
+            if prior is not None and prior.get("digest") != digest:
+                print(f"[credit] warning: the recomputed warm start's weights differ from the recorded ones "
+                      f"({digest} vs {prior.get('digest')}); arms started from either are recorded with their digest",
+                      flush=True)
+            rec = {"episodes": len(kept), "loss": losses, "digest": digest,
+                   "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1),
+                   "system": system_info(cfg.threads)}
+            if prior is None:
+                finish(p.warmstart, out, rdir, rec)
+            else:  # the committed record stays; this machine's weights are marked done under OUT only
+                write_json(ws_dir / "done.json", {**prior, "recomputed": rec})
     ws_digest = state_digest(model.state_dict())
     if need_ws_eval:
-        ev = evaluate(model)
-        finish(p.warmstart_eval, out, rdir, {"eval": ev, "eval_task_ids": eval_ids, "warmstart_digest": ws_digest,
-                                            "system": system_info(cfg.threads)})
-        print(f"[credit] warm start: held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
-              f"({ev['wall_s']:.0f} s eval)", flush=True)
+        with _locked(p.warmstart_eval, out):
+            if load_done(p.warmstart_eval, out, rdir) is None:
+                ev = evaluate(model)
+                finish(p.warmstart_eval, out, rdir, {"eval": ev, "eval_task_ids": eval_ids,
+                                                     "warmstart_digest": ws_digest, "system": system_info(cfg.threads)})
+                print(f"[credit] warm start: held-out success {ev['success']:.1%} steps reached "
+                      f"{ev['steps_reached']:.1%} ({ev['wall_s']:.0f} s eval)", flush=True)
     ws_state = copy.deepcopy(model.state_dict())
 
-    for name, stage, est, seed, gamma in todo:
-        rec = _train_arm(cfg, stage, name, est, seed, gamma, validate, model, tok, ws_state, tr_kw, evaluate, out)
-        rec.update(eval_task_ids=eval_ids, warmstart_digest=ws_digest, system=system_info(cfg.threads))
-        finish(stage, out, rdir, rec)
-        shutil.rmtree(stage.dir(out) / "grpo", ignore_errors=True)  # the checkpoints: the record holds the result
-        ev = rec["eval"]
-        print(f"[credit] {name}: {rec['steps']} steps, {rec['tokens']} policy tokens, "
-              f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
-              f"(train {rec['train_s']:.0f} s, eval {ev['wall_s']:.0f} s) -> {stage.record_path(rdir)}", flush=True)
-        _write_outputs(collect_results(cfg, validate, rdir), out)
+    pending = list(todo)
+    for wait in (False, True):  # first the arms no other process is training, then wait for those it trains
+        for item in list(pending):
+            name, stage, est, seed, gamma = item
+            with _locked(stage, out, wait) as held:
+                if not held:
+                    continue
+                pending.remove(item)
+                if load_done(stage, out, rdir) is not None:  # another process finished it meanwhile
+                    print(f"[credit] skip {name}: finished by another process", flush=True)
+                    continue
+                rec = _train_arm(cfg, stage, name, est, seed, gamma, validate, model, tok, ws_state, tr_kw,
+                                 evaluate, out)
+                rec.update(eval_task_ids=eval_ids, warmstart_digest=ws_digest, system=system_info(cfg.threads))
+                finish(stage, out, rdir, rec)
+                shutil.rmtree(stage.dir(out) / "grpo", ignore_errors=True)  # checkpoints: the record holds it all
+            ev = rec["eval"]
+            print(f"[credit] {name}: {rec['steps']} steps, {rec['tokens']} policy tokens, "
+                  f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
+                  f"(train {rec['train_s']:.0f} s, eval {ev['wall_s']:.0f} s) -> {stage.record_path(rdir)}",
+                  flush=True)
+            _write_outputs(collect_results(cfg, validate, rdir), out)
     venv.close()
+
+
+def _locked(stage: Stage, out: Path, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+    """The stage's lock, ``OUT/<stage>-<key>.lock`` (:func:`benchmarks.stages.stage_lock`; yields whether it is
+    held): processes sharing ``OUT`` never run one stage at once."""
+    return stage_lock(stage.dir(out).with_name(stage.id + ".lock"), stage.id, wait)
 
 
 def _train_arm(cfg: CreditBenchConfig, stage: Stage, name: str, est: str, seed: int, gamma: float, validate: bool,

@@ -9,23 +9,31 @@ finished stage's result also goes to ``RESULTS/<name>-<key>.json`` (small JSON m
 machine, where ``OUT`` is empty, a stage whose result is committed is not computed again; only a stage whose *files*
 a later stage needs (a checkpoint) is recomputed, and only when that later stage still has to run.
 
+A stage runs under its lock (:meth:`Stage.lock`, an ``flock`` on ``OUT/<name>-<key>.lock``): processes that share
+``OUT`` (one per seed, or the same command started twice) never compute one stage at once. Where a process has
+other stages to do (the evaluations of one checkpoint), it leaves a locked one for later; otherwise it waits until
+the holder has finished (or died: the kernel drops a dead process's lock), then finds the stage finished and skips
+it.
+
 Every result records the configuration, the key, the wall time, the process's CPU time and peak resident memory,
 and the machine (:func:`machine`), so that figures are read with the machine they come from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import resource
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Stage", "config_key", "machine", "read_json", "write_json"]
+__all__ = ["Stage", "config_key", "machine", "read_json", "stage_lock", "write_json"]
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -80,6 +88,30 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+@contextlib.contextmanager
+def stage_lock(path: Path, what: str = "", wait: bool = True) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block and yield ``True``. While another
+    process holds it: with ``wait``, wait (saying so once on stdout); without, yield ``False`` at once, holding
+    nothing (the caller does something else first and comes back). The kernel releases a lock when its holder
+    exits, however it exits, so a killed run never leaves a stage locked. The file stays (removing it would let a
+    third process lock a fresh file while a second still waits on the old one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            print(f"[stages] waiting: another process is running {what or path.name}", flush=True)
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 class Stage:
     """One resumable stage of an experiment (see the module docstring).
 
@@ -111,6 +143,12 @@ class Stage:
     def files_ready(self) -> bool:
         """Whether this machine holds the stage's files (``done.json`` under ``out``), not only its result."""
         return self.done_file.is_file()
+
+    def lock(self, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        """The stage's lock (:func:`stage_lock` on ``OUT/<name>-<key>.lock``; yields whether it is held): hold it
+        from before checking whether the stage is finished until it is, so that no two processes compute it at
+        once."""
+        return stage_lock(self.dir.with_name(self.dir.name + ".lock"), f"{self.name}-{self.key}", wait)
 
     def start(self) -> Path:
         """Mark the start (wall and CPU clocks) and return the stage's directory, created."""

@@ -128,6 +128,27 @@ def test_an_interrupted_arm_continues_from_its_last_checkpoint(tmp_path, referen
     assert not list(out.glob("arm-*/grpo/checkpoint-*"))  # a finished arm's checkpoints are removed
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_processes_on_one_output_directory_train_each_arm_once(tmp_path, reference):
+    """The same command started twice shares the work: every stage runs under its lock, a process leaves an arm
+    the other is training for later and skips it once finished, so each arm is trained by exactly one of them."""
+    out = tmp_path / "run"
+    procs = [subprocess.Popen(_cmd(out), cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True) for _ in range(2)]
+    printed = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], printed
+    for name in ARMS:
+        trained = [f"[credit] {name}: train\n" in text for text in printed]
+        assert trained.count(True) == 1, (name, printed)
+        skipped = [f"[credit] skip {name}: finished by another process" in text for text in printed]
+        assert skipped == [not t for t in trained], (name, printed)
+    # the warm start is trained once: the other process waits for it and reads its weights back
+    assert sum("skip warm start: weights from" in text for text in printed) == 1, printed
+    r = json.loads((out / "results.json").read_text())
+    assert {k: _comparable(a) for k, a in r["arms"].items()} == {k: _comparable(a) for k, a in reference["arms"].items()}
+
+
 def test_stage_keys_follow_what_a_stage_computes(tmp_path):
     from dataclasses import replace
 
