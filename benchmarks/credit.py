@@ -672,6 +672,7 @@ def report_markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {name} | {a['steps']} | {a['tokens']} | {ev['success']:.0%} [{lo:.0%}, {hi:.0%}] | "
                      f"{ev['steps_reached']:.1%} | {a['train_s']:.0f} | {ev['wall_s']:.0f} |")
     summary = results.get("summary") or {}
+    lines += _per_seed_tables(results, summary)
     for est, s in summary.items():
         if est == "outcome":
             continue
@@ -690,6 +691,49 @@ def report_markdown(results: dict[str, Any]) -> str:
     if str(results.get("eval_split", "")).startswith("validation"):
         lines.append(f"\nValidation decisions: {json.dumps(validation_choice(results), default=str)}")
     return "\n".join(lines)
+
+
+def _per_seed_tables(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """Held-out success per seed (one column per estimator, and its 60%-budget evaluation for a turn-level one) and
+    the across-seed statistics of each turn-level estimator against ``outcome``'s final success (the verdict's
+    inputs: the per-seed differences in points, their mean, the t-interval and the bootstrap CI); the warm start's
+    success and the arms' summed wall time under them. Empty for a validation run."""
+    if str(results.get("eval_split", "test")).startswith("validation") or not results["arms"]:
+        return []
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for a in results["arms"].values():
+        by.setdefault(a["estimator"], {})[a["seed"]] = a
+    ests = [e for e in ("outcome", "turn_return", "gigpo") if e in by] + sorted(set(by) - {"outcome", "turn_return",
+                                                                                            "gigpo"})
+    cols = [(e, "eval") for e in ests if e == "outcome"] + [(e, k) for e in ests if e != "outcome"
+                                                             for k in ("mid_eval", "eval")]
+    head = [f"{e} (60% of the budget)" if k == "mid_eval" else e for e, k in cols]
+    lines = ["", "| seed | " + " | ".join(head) + " |", "|---" * (len(cols) + 1) + "|"]
+    for seed in sorted({k for seeds in by.values() for k in seeds}):
+        cells = []
+        for e, k in cols:
+            ev = (by[e].get(seed) or {}).get(k)
+            cells.append("-" if not ev else f"{ev['success']:.0%}")
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    stats = [(e, label, (summary.get(e) or {}).get(key) or {}) for e in ests if e != "outcome"
+             for key, label in (("final_vs_outcome_across_seeds", "final - outcome's final"),
+                                ("mid_vs_outcome_final_across_seeds", "at 60% of the budget - outcome's final"))]
+    stats = [x for x in stats if x[2].get("seeds")]
+    if stats:
+        lines += ["", "| estimator | held-out success, points | per seed | mean | t 95% CI | bootstrap 95% CI "
+                  "| seeds above 0 |", "|---|---|---|---|---|---|---|"]
+        for e, label, d in stats:
+            per = ", ".join(f"{100 * x:+.0f}" for x in d["per_seed"])
+            lines.append(f"| {e} | {label} | {per} | {100 * d['mean']:+.1f} | [{100 * _num(d['t_lo']):+.1f}, "
+                         f"{100 * _num(d['t_hi']):+.1f}] | [{100 * d['boot_lo']:+.1f}, {100 * d['boot_hi']:+.1f}] "
+                         f"| {d['positive']} of {len(d['seeds'])} |")
+    ws = ((results.get("warmstart") or {}).get("eval") or {}).get("success")
+    wall = sum(a["train_s"] + a["eval"]["wall_s"] for a in results["arms"].values())  # train_s holds a mid eval
+    lines.append("")
+    lines.append(("" if ws is None else f"Warm start: {ws:.0%} held-out success. ")
+                 + f"The {len(results['arms'])} arms took {wall / 3600:.1f} h of training and evaluation in all "
+                 "(`train s` includes a turn-level arm's 60%-budget evaluation).")
+    return lines
 
 
 def _num(x: Any) -> float:

@@ -27,7 +27,17 @@ def test_credit_benchmark_smoke(tmp_path, capsys):
     assert r["summary"]["turn_return"]["final_vs_outcome_across_seeds"]["seeds"] == [0]
     assert (tmp_path / "credit.png").stat().st_size > 0
     assert main(["--report", "--smoke", "--model", "tiny", "--output-dir", str(tmp_path)]) == 0
-    assert "Verdict: turn_return" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Verdict: turn_return" in printed
+    # the verdict's inputs: success per seed (final and at 60% of the budget) and the across-seed statistics
+    lines = printed.splitlines()
+    head = lines.index("| seed | outcome | turn_return (60% of the budget) | turn_return |")
+    ev, mid = r["arms"]["turn_return/seed0"]["eval"], r["arms"]["turn_return/seed0"]["mid_eval"]
+    assert lines[head + 2] == (f"| 0 | {r['arms']['outcome/seed0']['eval']['success']:.0%} | {mid['success']:.0%} "
+                               f"| {ev['success']:.0%} |")
+    final = r["summary"]["turn_return"]["final_vs_outcome_across_seeds"]
+    assert any(line.startswith(f"| turn_return | final - outcome's final | {100 * final['per_seed'][0]:+.0f} | ")
+               for line in lines), printed
     (traj,) = tmp_path.glob("arm-turn_return-g1-seed0-*/trajectories/rank0.jsonl")
     rows = [json.loads(x) for x in traj.read_text().splitlines()]
     assert rows and all(len(x["turn_advantages"]) == len(x["turns"]) for x in rows)
