@@ -52,6 +52,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -555,7 +556,10 @@ def across_seeds(base: dict[int, list[float]], arm: dict[int, list[float]], *, n
         return {"seeds": []}
     b = {k: np.asarray(base[k], dtype=float) for k in common}
     a = {k: np.asarray(arm[k], dtype=float) for k in common}
-    per_seed = [float(a[k].mean() - b[k].mean()) for k in common]
+    # the differences and their mean in exact arithmetic (Fraction holds every float exactly): float rounding
+    # must not move a mean that is exactly 0 (e.g. +7, -1, -2, 0, -4 points) below the verdict's ">= 0"
+    exact = [sum(map(Fraction, arm[k])) / len(arm[k]) - sum(map(Fraction, base[k])) / len(base[k]) for k in common]
+    per_seed = [float(d) for d in exact]
     t = paired_difference_ci([float(b[k].mean()) for k in common], [float(a[k].mean()) for k in common])
     rng = np.random.default_rng(seed)
     stats = np.empty(n_boot)
@@ -567,7 +571,7 @@ def across_seeds(base: dict[int, list[float]], arm: dict[int, list[float]], *, n
             idx = rng.integers(0, len(b[k]), size=len(b[k]))
             diffs.append(float(a[k][idx].mean() - b[k][idx].mean()))
         stats[i] = float(np.mean(diffs))
-    return {"seeds": common, "per_seed": per_seed, "mean": float(np.mean(per_seed)), "t_lo": t["lo"],
+    return {"seeds": common, "per_seed": per_seed, "mean": float(sum(exact) / len(exact)), "t_lo": t["lo"],
             "t_hi": t["hi"], "boot_lo": float(np.quantile(stats, 0.025)), "boot_hi": float(np.quantile(stats, 0.975)),
             "positive": sum(d > 0 for d in per_seed)}
 

@@ -79,3 +79,23 @@ def test_across_seed_statistics_and_the_verdict():
                    base, {s: [0.0] * tasks for s in range(5)})}}
     assert verdict(summary, "turn_return").startswith("turn_return helps across 5 seeds")
     assert verdict(summary, "gigpo").startswith("gigpo does not help across 5 seeds")
+
+
+def test_a_mean_difference_of_exactly_zero_is_not_moved_below_zero_by_rounding():
+    """Per-seed differences of +7, -1, -2, 0 and -4 points over 100 tasks have a mean of exactly 0, which the
+    verdict's ">= 0" admits (the differences of the float success rates average to -2e-17)."""
+    from benchmarks.credit import across_seeds, verdict
+
+    base_pct, arm_pct = [89, 98, 97, 97, 92], [96, 97, 95, 97, 88]
+    base = {s: [1.0] * p + [0.0] * (100 - p) for s, p in enumerate(base_pct)}
+    arm = {s: [1.0] * p + [0.0] * (100 - p) for s, p in enumerate(arm_pct)}
+    assert sum(a / 100 - b / 100 for a, b in zip(arm_pct, base_pct, strict=True)) / 5 < 0  # float rounding
+    mid = across_seeds(base, arm)
+    assert mid["mean"] == 0.0 and mid["positive"] == 1
+    assert mid["per_seed"] == pytest.approx([0.07, -0.01, -0.02, 0.0, -0.04])
+    assert -0.05 < mid["boot_lo"] < 0  # numpy seed 0: the same draws on every machine
+    final = across_seeds(base, {s: [1.0] * 99 + [0.0] for s in range(5)})
+    summary = {"turn_return": {"final_vs_outcome_across_seeds": final, "mid_vs_outcome_final_across_seeds": mid}}
+    assert verdict(summary, "turn_return").startswith(
+        "turn_return helps across 5 seeds: it reaches outcome-only GRPO's final held-out success at 60% of the "
+        "budget (+0.0%")
