@@ -40,7 +40,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: the repository root on the path, as ``python -m`` has it
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.stages import Stage, machine, write_json  # noqa: E402
+from benchmarks.stages import Stage, claim_each, machine, write_json  # noqa: E402
 
 ENV_ID = "toolgym/BFCL-v0"
 IN_CATEGORIES = "simple_python,multiple,parallel,parallel_multiple,irrelevance"
@@ -112,24 +112,19 @@ def _eval_stages(spec: dict[str, Any]) -> None:
     torch.set_num_threads(spec["threads"]) if spec["threads"] else None
     model, tok = _load(spec["checkpoint"], spec["device"])
     policy = TransformersPolicy(model, tok, do_sample=False, return_logprobs=False, autocast=spec["autocast"])
-    pending = [Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"])) for ev in spec["evals"]]
-    for wait in (False, True):  # first the stages no other process is running, then wait for those it runs
-        for stage in list(pending):
-            with stage.lock(wait) as held:
-                if not held:
-                    continue
-                pending.remove(stage)
-                if stage.result() is not None:  # finished, possibly by another process
-                    continue
-                stage.start()
-                cfg = stage.config
-                rep = evaluate_bfcl(policy, [cfg["category"]], split="test", tasks="all", ids=cfg["ids"],
-                                    num_envs=spec["num_envs"], max_turn_tokens=cfg["max_turn_tokens"], seed=0,
-                                    env_kwargs={"tokenizer": tok, "max_episode_tokens": cfg["max_episode_tokens"]},
-                                    policy_name=stage.name)
-                row = rep.rows[cfg["category"]]
-                print(f"[bfcl] {stage.name}: {row['accuracy']:.1%} of {row['n']} ({rep.wall_s:.0f} s)", flush=True)
-                stage.finish({"row": row, "entries": rep.entries})
+    stages = [Stage(Path(spec["out"]), ev["name"], ev["config"], Path(spec["results"])) for ev in spec["evals"]]
+    for stage in claim_each(stages, Stage.lock):  # other processes on the same checkpoint share its categories
+        if stage.result() is not None:  # finished, possibly by another process
+            continue
+        stage.start()
+        cfg = stage.config
+        rep = evaluate_bfcl(policy, [cfg["category"]], split="test", tasks="all", ids=cfg["ids"],
+                            num_envs=spec["num_envs"], max_turn_tokens=cfg["max_turn_tokens"], seed=0,
+                            env_kwargs={"tokenizer": tok, "max_episode_tokens": cfg["max_episode_tokens"]},
+                            policy_name=stage.name)
+        row = rep.rows[cfg["category"]]
+        print(f"[bfcl] {stage.name}: {row['accuracy']:.1%} of {row['n']} ({rep.wall_s:.0f} s)", flush=True)
+        stage.finish({"row": row, "entries": rep.entries})
 
 
 def _locked(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

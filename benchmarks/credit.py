@@ -68,7 +68,7 @@ from benchmarks.credit_stages import (  # noqa: E402
     system_info,
     write_json,
 )
-from benchmarks.stages import stage_lock  # noqa: E402
+from benchmarks.stages import claim_each, stage_lock  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -367,28 +367,20 @@ def _run_stages(cfg: CreditBenchConfig, p: Plan, todo: list[tuple[str, Stage, st
                       f"{ev['steps_reached']:.1%} ({ev['wall_s']:.0f} s eval)", flush=True)
     ws_state = copy.deepcopy(model.state_dict())
 
-    pending = list(todo)
-    for wait in (False, True):  # first the arms no other process is training, then wait for those it trains
-        for item in list(pending):
-            name, stage, est, seed, gamma = item
-            with _locked(stage, out, wait) as held:
-                if not held:
-                    continue
-                pending.remove(item)
-                if load_done(stage, out, rdir) is not None:  # another process finished it meanwhile
-                    print(f"[credit] skip {name}: finished by another process", flush=True)
-                    continue
-                rec = _train_arm(cfg, stage, name, est, seed, gamma, validate, model, tok, ws_state, tr_kw,
-                                 evaluate, out)
-                rec.update(eval_task_ids=eval_ids, warmstart_digest=ws_digest, system=system_info(cfg.threads))
-                finish(stage, out, rdir, rec)
-                shutil.rmtree(stage.dir(out) / "grpo", ignore_errors=True)  # checkpoints: the record holds it all
-            ev = rec["eval"]
-            print(f"[credit] {name}: {rec['steps']} steps, {rec['tokens']} policy tokens, "
-                  f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
-                  f"(train {rec['train_s']:.0f} s, eval {ev['wall_s']:.0f} s) -> {stage.record_path(rdir)}",
-                  flush=True)
-            _write_outputs(collect_results(cfg, validate, rdir), out)
+    # arms another process is training are left for later, then waited for (benchmarks.stages.claim_each)
+    for name, stage, est, seed, gamma in claim_each(todo, lambda item, wait: _locked(item[1], out, wait)):
+        if load_done(stage, out, rdir) is not None:  # another process finished it meanwhile
+            print(f"[credit] skip {name}: finished by another process", flush=True)
+            continue
+        rec = _train_arm(cfg, stage, name, est, seed, gamma, validate, model, tok, ws_state, tr_kw, evaluate, out)
+        rec.update(eval_task_ids=eval_ids, warmstart_digest=ws_digest, system=system_info(cfg.threads))
+        finish(stage, out, rdir, rec)
+        shutil.rmtree(stage.dir(out) / "grpo", ignore_errors=True)  # the checkpoints: the record holds the result
+        ev = rec["eval"]
+        print(f"[credit] {name}: {rec['steps']} steps, {rec['tokens']} policy tokens, "
+              f"held-out success {ev['success']:.1%} steps reached {ev['steps_reached']:.1%} "
+              f"(train {rec['train_s']:.0f} s, eval {ev['wall_s']:.0f} s) -> {stage.record_path(rdir)}", flush=True)
+        _write_outputs(collect_results(cfg, validate, rdir), out)
     venv.close()
 
 
@@ -573,7 +565,7 @@ def across_seeds(base: dict[int, list[float]], arm: dict[int, list[float]], *, n
         stats[i] = float(np.mean(diffs))
     return {"seeds": common, "per_seed": per_seed, "mean": float(sum(exact) / len(exact)), "t_lo": t["lo"],
             "t_hi": t["hi"], "boot_lo": float(np.quantile(stats, 0.025)), "boot_hi": float(np.quantile(stats, 0.975)),
-            "positive": sum(d > 0 for d in per_seed)}
+            "positive": sum(d > 0 for d in exact)}
 
 
 def verdict(summary: dict[str, Any], est: str) -> str:
@@ -707,8 +699,7 @@ def _per_seed_tables(results: dict[str, Any], summary: dict[str, Any]) -> list[s
     by: dict[str, dict[int, dict[str, Any]]] = {}
     for a in results["arms"].values():
         by.setdefault(a["estimator"], {})[a["seed"]] = a
-    ests = [e for e in ("outcome", "turn_return", "gigpo") if e in by] + sorted(set(by) - {"outcome", "turn_return",
-                                                                                            "gigpo"})
+    ests = [e for e in ("outcome", "turn_return", "gigpo") if e in by]
     cols = [(e, "eval") for e in ests if e == "outcome"] + [(e, k) for e in ests if e != "outcome"
                                                              for k in ("mid_eval", "eval")]
     head = [f"{e} (60% of the budget)" if k == "mid_eval" else e for e, k in cols]
@@ -732,10 +723,10 @@ def _per_seed_tables(results: dict[str, Any], summary: dict[str, Any]) -> list[s
                          f"{100 * _num(d['t_hi']):+.1f}] | [{100 * d['boot_lo']:+.1f}, {100 * d['boot_hi']:+.1f}] "
                          f"| {d['positive']} of {len(d['seeds'])} |")
     ws = ((results.get("warmstart") or {}).get("eval") or {}).get("success")
-    wall = sum(a["train_s"] + a["eval"]["wall_s"] for a in results["arms"].values())  # train_s holds a mid eval
     lines.append("")
     lines.append(("" if ws is None else f"Warm start: {ws:.0%} held-out success. ")
-                 + f"The {len(results['arms'])} arms took {wall / 3600:.1f} h of training and evaluation in all "
+                 + f"The {len(results['arms'])} arms took {results['total_wall_s'] / 3600:.1f} h of training and "
+                 "evaluation in all "
                  "(`train s` includes a turn-level arm's 60%-budget evaluation).")
     return lines
 

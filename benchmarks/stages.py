@@ -29,11 +29,13 @@ import os
 import platform
 import resource
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["Stage", "config_key", "machine", "read_json", "stage_lock", "write_json"]
+T = TypeVar("T")
+
+__all__ = ["Stage", "claim_each", "config_key", "machine", "read_json", "stage_lock", "write_json"]
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -110,6 +112,19 @@ def stage_lock(path: Path, what: str = "", wait: bool = True) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def claim_each(items: Iterable[T], lock: Callable[[T, bool], contextlib.AbstractContextManager[bool]]) -> Iterator[T]:
+    """Yield each item once, with its lock (``lock(item, wait)``, e.g. :meth:`Stage.lock`) held until the next item
+    is asked for: first every item no other process holds, then, waiting, the ones another process held. The caller
+    checks under the lock whether the item was finished meanwhile."""
+    pending = list(items)
+    for wait in (False, True):
+        for item in list(pending):
+            with lock(item, wait) as held:
+                if held:
+                    pending.remove(item)
+                    yield item
 
 
 class Stage:

@@ -84,3 +84,23 @@ def test_a_training_stage_finished_while_a_process_waited_is_skipped(tmp_path: P
     assert not waiter.is_alive() and not errors, errors
     assert "warmstart-seed0: finished by another process" in capsys.readouterr().out
     assert sorted(p.name for p in stage.dir.iterdir()) == ["done.json"]  # no model was trained or saved
+
+
+def test_claim_each_takes_the_free_stages_first_and_waits_for_a_held_one_last(tmp_path: Path) -> None:
+    from benchmarks.stages import claim_each, stage_lock
+
+    paths = [tmp_path / f"eval-{c}.lock" for c in "abc"]
+    holder = _hold_in_another_process(paths[0])
+    got: list[str] = []
+    try:
+        for path in claim_each(paths, lambda p, wait: stage_lock(p, wait=wait)):
+            got.append(path.stem)
+            with stage_lock(path, wait=False) as again:  # held while the caller works on it
+                assert again is False
+            if len(got) == 2:  # both free ones are done: the held one is next, once its holder is gone
+                holder.send_signal(signal.SIGKILL)
+                holder.wait(timeout=60)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert got == ["eval-b", "eval-c", "eval-a"]
