@@ -2,7 +2,8 @@
 (``benchmarks/results/bfcl/``): ``python benchmarks/bfcl.py --seeds 0 1 2 --report``.
 
 Tables, in Markdown: per seed, the leaderboard's summary columns for untrained -> warm start -> GRPO with GRPO's own
-paired gain (95% CI over entries); every category of every finished evaluation; what GRPO's training logged (reward
+paired gain (95% CI over entries); that gain across seeds (per seed, mean, t-interval over seeds, hierarchical
+bootstrap CI) and whether the protocol's goal is met; every category of every finished evaluation; what GRPO's training logged (reward
 and success at the start and the end of the run, the share of groups with a success, the share of groups with no
 reward spread) and what the policy did (the share of episodes that call a tool, calls per episode, completion
 tokens, entropy); the commonest BFCL error types on the non-live AST entries; the wall and CPU time and peak RSS of
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,13 @@ from benchmarks.bfcl import (
     protocol,
     warmstart_config,
 )
+from benchmarks.credit import across_seeds
 from benchmarks.stages import Stage
 
 NOWHERE = Path("/nonexistent")  # no stage directory: a stage's result is read from the results directory alone
+
+#: the protocol's goal: GRPO's own gain on the pooled non-live AST entries, in points, with a CI above 0 on every seed
+GOAL_POINTS = 10
 
 
 def collect_results(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,7 +96,44 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
             s["grpo_gain_ood_ast"] = gain(w, g, ood_ast)
             s["grpo_gain_ood_irrelevance"] = gain(w, g, ("live_irrelevance",))
         out["seeds"][seed] = s
+    out["across_seeds"] = {"non_live_ast": _across(out, ast), "ood_ast": _across(out, ood_ast)}
     return out
+
+
+def _across(r: dict[str, Any], cats: tuple[str, ...]) -> dict[str, Any]:
+    """GRPO's own gain on ``cats`` across the seeds with both checkpoints evaluated on all of them: each seed's
+    warm start and GRPO verdicts on the same entries (:func:`benchmarks.credit.across_seeds`: per-seed gains, their
+    mean, the t-interval over seeds, the hierarchical bootstrap CI)."""
+    base: dict[int, list[float]] = {}
+    arm: dict[int, list[float]] = {}
+    for seed, s in r["seeds"].items():
+        w, g = s["warm_table"], s["grpo_table"]
+        if not cats or not w or not g or not all(c in t["rows"] for c in cats for t in (w, g)):
+            continue
+        keys = sorted(k for k in w["entries"] if k[0] in cats and k in g["entries"])
+        if keys:
+            base[seed], arm[seed] = [w["entries"][k] for k in keys], [g["entries"][k] for k in keys]
+    return across_seeds(base, arm)
+
+
+def goal(r: dict[str, Any]) -> str:
+    """The protocol's goal, read from the per-seed paired gains: met when every protocol seed's GRPO gain on the
+    pooled non-live AST entries is at least ``GOAL_POINTS`` with a 95% CI above 0; not met as soon as one evaluated
+    seed misses it; undecided while the evaluated seeds reach it and others are not evaluated yet."""
+    gains = {seed: s.get("grpo_gain_non_live_ast") for seed, s in r["seeds"].items()}
+    done = {seed: g for seed, g in gains.items() if g}
+    head = f"Goal (GRPO's own gain >= +{GOAL_POINTS} points on the non-live AST entries, CI above 0 on every seed): "
+    # the per-seed mean compared exactly (a mean of 0/1 verdicts): rounding must not move a gain across the goal
+    exact = {seed: Fraction(round(g["mean"] * g["n"]), g["n"]) for seed, g in done.items()}
+    hit = [seed for seed, g in done.items() if exact[seed] >= Fraction(GOAL_POINTS, 100) and g["lo"] > 0]
+    above = [seed for seed, g in done.items() if g["lo"] > 0]
+    missing = len(gains) - len(done)
+    if missing and len(hit) == len(done):
+        return head + f"undecided, {len(done)} of {len(gains)} seeds evaluated."
+    verdict = "met" if len(hit) == len(done) else "not met"
+    rest = f" ({missing} of {len(gains)} seeds not evaluated yet)" if missing else ""
+    return head + (f"{verdict}: {len(hit)} of {len(done)} evaluated seeds reach it; {len(above)} of {len(done)} have "
+                   f"a CI above 0{rest}.")
 
 
 def grpo_training(result: dict[str, Any], window: int = 10) -> dict[str, Any]:
@@ -152,6 +195,22 @@ def report(args: argparse.Namespace) -> str:
                      f"| {' / '.join(acc(t, 'irrelevance') for t in (u, w, g))} "
                      f"| {' / '.join(live(t) for t in (u, w, g))} | {ci(s.get('grpo_gain_ood_ast'))} "
                      f"| {' / '.join(acc(t, 'live_irrelevance') for t in (u, w, g))} |")
+    # GRPO's own gain across seeds: the per-seed paired gains, their mean and its intervals over seeds
+    across = [(name, r["across_seeds"][k]) for name, k in (("non-live AST", "non_live_ast"), ("live AST (OOD)",
+                                                                                               "ood_ast"))]
+    if any(len(a.get("seeds", [])) >= 2 for _, a in across):
+        lines += ["", "| GRPO's own gain, points | seeds | per seed | mean | t 95% CI over seeds "
+                  "| bootstrap 95% CI | seeds above 0 |", "|---|---|---|---|---|---|---|"]
+        for name, a in across:
+            if len(a.get("seeds", [])) < 2:
+                continue
+            lines.append(f"| {name} | {', '.join(map(str, a['seeds']))} "
+                         f"| {', '.join(f'{100 * d:+.1f}' for d in a['per_seed'])} | {100 * a['mean']:+.1f} "
+                         f"| [{100 * a['t_lo']:+.1f}, {100 * a['t_hi']:+.1f}] "
+                         f"| [{100 * a['boot_lo']:+.1f}, {100 * a['boot_hi']:+.1f}] "
+                         f"| {a['positive']} of {len(a['seeds'])} |")
+    lines += ["", goal(r)]
+
     # every category of every finished evaluation stage, accuracy in % ("-": not run yet)
     tables = [("untrained", u)] + [(f"seed {seed} {k}", s[t]) for seed, s in r["seeds"].items()
                                    for k, t in (("warm start", "warm_table"), ("GRPO", "grpo_table"))]

@@ -154,3 +154,55 @@ def test_the_report_gives_the_in_distribution_gain_before_the_live_categories_fi
     row = next(line for line in report(args).splitlines() if line.startswith("| 0 |"))
     cells = [c.strip() for c in row.split("|")]
     assert cells[2] == "- / 0.0 / 100.0" and cells[3].startswith("+100.0") and cells[5] == "- / - / -", row
+
+
+def _evaluated(tmp_path: Path, args: object, seed: int, warm: list[bool], grpo: list[bool]) -> None:
+    """Record one seed's warm start and GRPO evaluations of ``simple_python`` (one verdict per entry)."""
+    from benchmarks.bfcl import eval_plan, grpo_config, protocol, warmstart_config
+    from benchmarks.stages import Stage
+
+    results, proto = Path(args.results), protocol(args)  # type: ignore[attr-defined]
+    ws = Stage(tmp_path / "o", f"warmstart-seed{seed}", warmstart_config(args, proto, seed), results)
+    gr = Stage(tmp_path / "o", f"grpo-seed{seed}", grpo_config(args, proto, seed, ws.key), results)
+    for tag, key, verdicts in ((f"warmstart-seed{seed}", ws.key, warm), (f"grpo-seed{seed}", gr.key, grpo)):
+        ev = eval_plan(proto, tag, key)[0]
+        st = Stage(tmp_path / "o", ev["name"], ev["config"], results)
+        st.start()
+        st.finish({"row": {"n": len(verdicts), "correct": sum(verdicts), "accuracy": sum(verdicts) / len(verdicts),
+                           "ci95": [0, 1], "truncated": 0.0, "errors": {}},
+                   "entries": [{"category": "simple_python", "id": f"simple_python_{i}", "valid": v,
+                                "error_type": None if v else "x"} for i, v in enumerate(verdicts)]})
+
+
+def test_the_report_states_the_gain_across_seeds_and_whether_the_goal_is_met(tmp_path: Path) -> None:
+    """Across seeds: each seed's paired gain, their mean and intervals; the goal (+10 points with a CI above 0 on
+    every seed) is undecided while the evaluated seeds reach it, not met once one misses it, met when all reach it."""
+    from benchmarks.bfcl import parser
+    from benchmarks.bfcl_report import collect_results, goal, report
+
+    args = parser().parse_args([*TINY, "--seeds", "0", "1", "2", "--out", str(tmp_path / "out"),
+                                "--results", str(tmp_path / "results")])
+    n = 40
+    warm = [i < 10 for i in range(n)]       # 25%
+    better = [i < 20 for i in range(n)]     # 50%: +25 points, every changed entry a win
+    _evaluated(tmp_path, args, 0, warm, better)
+    r = collect_results(args)
+    assert "undecided" in goal(r) and "1 of 3" in goal(r)
+    assert r["across_seeds"]["non_live_ast"]["seeds"] == [0]
+
+    _evaluated(tmp_path, args, 1, warm, [i < 12 for i in range(n)])  # +5 points: short of the goal
+    r = collect_results(args)
+    assert goal(r).split(": ", 1)[1].startswith("not met: 1 of 2 evaluated seeds reach it")
+    a = r["across_seeds"]["non_live_ast"]
+    assert a["seeds"] == [0, 1] and a["per_seed"] == pytest.approx([0.25, 0.05]) and a["positive"] == 2
+    assert a["mean"] == pytest.approx(0.15) and a["t_lo"] < a["mean"] < a["t_hi"]
+    lines = report(args).splitlines()
+    row = next(line for line in lines if line.startswith("| non-live AST |"))
+    assert "| +25.0, +5.0 | +15.0 |" in row and "| 2 of 2 |" in row, row
+
+    _evaluated(tmp_path, args, 2, warm, [i < 14 for i in range(n)])  # exactly +10 points
+    assert goal(collect_results(args)).split(": ", 1)[1].startswith("not met: 2 of 3")
+    _evaluated(tmp_path, args, 1, warm, better)  # seed 1 re-recorded with the +25-point result
+    r = collect_results(args)
+    assert r["seeds"][2]["grpo_gain_non_live_ast"]["lo"] > 0
+    assert goal(r).split(": ", 1)[1].startswith("met: 3 of 3"), goal(r)
