@@ -142,7 +142,8 @@ def grpo_training(result: dict[str, Any], window: int = 10) -> dict[str, Any]:
     and the share of groups with no reward spread (``frac_reward_zero_std``: nothing to learn from); what the
     policy does: the share of episodes that call a tool (``tool_call_rate``), calls per episode, completion tokens
     and the sampled tokens' entropy (nats; TRL logs it only for steps that train); and the median seconds per
-    step. Rates are fractions; ``None`` where the log lacks the metric."""
+    step; how many steps had a group with any reward spread (``spread_steps``) and the last of them
+    (``last_spread_step``, 1-based). Rates are fractions; ``None`` where the log lacks the metric."""
     steps = [row for row in result.get("log_history", []) if "reward" in row or "toolgym/success" in row]
 
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -158,6 +159,9 @@ def grpo_training(result: dict[str, Any], window: int = 10) -> dict[str, Any]:
         out[name] = (mean(steps[:window], key), mean(steps[-window:], key))
     times = [row["step_time"] for row in steps if "step_time" in row]
     out["step_s"] = statistics.median(times) if times else None
+    # the steps whose groups had any reward spread: the only ones with a nonzero advantage to learn from
+    spread = [i + 1 for i, row in enumerate(steps) if row.get("frac_reward_zero_std", 1.0) < 1.0]
+    out["spread_steps"], out["last_spread_step"] = len(spread), (spread[-1] if spread else None)
     return out
 
 
@@ -224,14 +228,16 @@ def report(args: argparse.Namespace) -> str:
     trained = [(seed, grpo_training(s["grpo"])) for seed, s in r["seeds"].items() if s["grpo"]]
     if trained:
         lines += ["", "| seed | GRPO steps | reward, steps 1-10 -> last 10 | success | groups with a success "
-                  "| groups with no reward spread | s per step (median) |", "|---|---|---|---|---|---|---|"]
+                  "| groups with no reward spread | steps with any reward spread (the last) | s per step (median) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for seed, t in trained:
             pair = {k: f"{pct(t[k][0])} -> {pct(t[k][1])}" if t[k][0] is not None else "-"
                     for k in ("success", "groups_with_success", "zero_spread")}
             rw = "-" if t["reward"][0] is None else f"{t['reward'][0]:.3f} -> {t['reward'][1]:.3f}"
             sp = "-" if t["step_s"] is None else f"{t['step_s']:.0f}"
+            last = "-" if t["last_spread_step"] is None else str(t["last_spread_step"])
             lines.append(f"| {seed} | {t['steps']} | {rw} | {pair['success']} | {pair['groups_with_success']} "
-                         f"| {pair['zero_spread']} | {sp} |")
+                         f"| {pair['zero_spread']} | {t['spread_steps']} ({last}) | {sp} |")
         # what the policy does over the same windows: calling tools (irrelevance asks for no call), how many, how
         # long, and how much its samples still differ (entropy)
         lines += ["", "| seed | episodes that call a tool, steps 1-10 -> last 10 | calls per episode "
@@ -239,7 +245,7 @@ def report(args: argparse.Namespace) -> str:
         for seed, t in trained:
             def num(k: str, fmt: str, tt: dict[str, Any] = t) -> str:
                 a, b = tt[k]
-                return "-" if a is None or b is None else f"{a:{fmt}} -> {b:{fmt}}"
+                return "-" if a is None and b is None else " -> ".join("-" if x is None else f"{x:{fmt}}" for x in (a, b))
             rate = "-" if t["tool_call_rate"][0] is None else \
                 f"{pct(t['tool_call_rate'][0])} -> {pct(t['tool_call_rate'][1])}"
             lines.append(f"| {seed} | {rate} | {num('calls_per_episode', '.2f')} | {num('completion_tokens', '.0f')} "

@@ -206,3 +206,16 @@ def test_the_report_states_the_gain_across_seeds_and_whether_the_goal_is_met(tmp
     r = collect_results(args)
     assert r["seeds"][2]["grpo_gain_non_live_ast"]["lo"] > 0
     assert goal(r).split(": ", 1)[1].startswith("met: 3 of 3"), goal(r)
+
+
+def test_the_training_summary_counts_the_steps_that_had_anything_to_learn_from() -> None:
+    """A step whose groups all have one reward gives every sample advantage 0: the summary counts the steps with
+    any spread and names the last one."""
+    from benchmarks.bfcl_report import grpo_training
+
+    log = [{"step": i + 1, "reward": r, "frac_reward_zero_std": z, **({"entropy": 0.1} if z < 1 else {})}
+           for i, (r, z) in enumerate([(0.5, 0.5), (0.0, 1.0), (0.25, 0.0), (0.5, 1.0), (0.0, 1.0)])]
+    t = grpo_training({"log_history": [*log, {"train_runtime": 1.0}]}, window=2)
+    assert t["steps"] == 5 and t["spread_steps"] == 2 and t["last_spread_step"] == 3
+    assert t["entropy"] == (0.1, None)  # no step of the last two trained
+    assert grpo_training({"log_history": [{"reward": 0.0, "frac_reward_zero_std": 1.0}]})["last_spread_step"] is None
