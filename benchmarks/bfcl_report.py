@@ -276,6 +276,16 @@ def report(args: argparse.Namespace) -> str:
                 lines.append(cost_row(name, "yes", stage))
             if t:
                 lines.append(cost_row(f"{name} evaluation", t["stages"], t["cost"]))
+    # one seed's stages in all: what a seed costs on top of the untrained evaluation, which every seed shares
+    totals = []
+    for seed, s in r["seeds"].items():
+        parts = [s["warmstart"], s["grpo"]] + [t["cost"] for t in (s["warm_table"], s["grpo_table"]) if t]
+        if all(parts[:2]) and len(parts) == 4 and all(t["stages"].split("/")[0] == t["stages"].split("/")[1]
+                                                      for t in (s["warm_table"], s["grpo_table"])):
+            totals.append(f"seed {seed} {sum(c.get('wall_s') or 0 for c in parts) / 3600:.1f} h wall, "
+                          f"{sum(c.get('cpu_s') or 0 for c in parts) / 3600:.1f} h CPU")
+    if totals:
+        lines += ["", "One seed's warm start, GRPO and their evaluations in all: " + "; ".join(totals) + "."]
 
     lines += ["", "For context, the leaderboard's published numbers (theirs, not measured here): " + "; ".join(
         f"{model}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in cols.items())

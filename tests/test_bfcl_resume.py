@@ -88,6 +88,8 @@ def test_a_killed_run_resumes_without_recomputing_finished_stages(tmp_path: Path
     for stage in ("untrained evaluation | 2/2", "seed 0 warm start | yes", "seed 0 warm start evaluation | 2/2",
                   "seed 0 GRPO | yes", "seed 0 GRPO evaluation | 2/2"):
         assert any(line.startswith(f"| {stage} |") for line in lines), (stage, rep.stdout)
+    total = next(line for line in lines if line.startswith("One seed's warm start, GRPO and their evaluations"))
+    assert "seed 0 " in total and " h wall, " in total, total
     assert not (tmp_path / "elsewhere").exists()
 
 
