@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections import Counter
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -63,19 +62,17 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
         if not rows:
             return None
         in_dist = {c: row for c, row in rows.items() if c in proto["categories"]}
-        done = rows if len(rows) == len(plan) else in_dist  # no live column from part of the live categories
+        complete = len(rows) == len(plan)
+        done = rows if complete else in_dist  # no live column from part of the live categories
         summary = summary_columns(done) if len(in_dist) == len(proto["categories"]) else {}
         return {"rows": rows, "summary": summary,
-                "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}"}
+                "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}",
+                "complete": complete}
 
-    def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...] | list[str]) -> dict[str, float] | None:
+    def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...]) -> dict[str, float] | None:
         """The paired difference b - a over the entries of ``cats`` (``None`` until both evaluated all of them)."""
-        if not all(c in t["rows"] for c in cats for t in (a, b)):
-            return None
-        keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
-        if not keys:
-            return None
-        return paired_difference_ci([a["entries"][k] for k in keys], [b["entries"][k] for k in keys])
+        pair = _paired(a, b, cats)
+        return paired_difference_ci(*pair) if pair else None
 
     # the AST categories this protocol evaluates (the full protocol: all four non-live and all four live ones)
     ast = tuple(c for c in proto["categories"] if c in NON_LIVE_AST)
@@ -100,20 +97,22 @@ def collect_results(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None,
+            cats: tuple[str, ...]) -> tuple[list[float], list[float]] | None:
+    """The verdicts of checkpoints ``a`` and ``b`` on the same entries of ``cats``, in one order; ``None`` until
+    both evaluated every one of ``cats``."""
+    if not a or not b or not all(c in t["rows"] for c in cats for t in (a, b)):
+        return None
+    keys = sorted(k for k in a["entries"] if k[0] in cats and k in b["entries"])
+    return ([a["entries"][k] for k in keys], [b["entries"][k] for k in keys]) if keys else None
+
+
 def _across(r: dict[str, Any], cats: tuple[str, ...]) -> dict[str, Any]:
-    """GRPO's own gain on ``cats`` across the seeds with both checkpoints evaluated on all of them: each seed's
-    warm start and GRPO verdicts on the same entries (:func:`benchmarks.credit.across_seeds`: per-seed gains, their
-    mean, the t-interval over seeds, the hierarchical bootstrap CI)."""
-    base: dict[int, list[float]] = {}
-    arm: dict[int, list[float]] = {}
-    for seed, s in r["seeds"].items():
-        w, g = s["warm_table"], s["grpo_table"]
-        if not cats or not w or not g or not all(c in t["rows"] for c in cats for t in (w, g)):
-            continue
-        keys = sorted(k for k in w["entries"] if k[0] in cats and k in g["entries"])
-        if keys:
-            base[seed], arm[seed] = [w["entries"][k] for k in keys], [g["entries"][k] for k in keys]
-    return across_seeds(base, arm)
+    """GRPO's own gain on ``cats`` across the seeds whose warm start and GRPO are evaluated on all of them
+    (:func:`benchmarks.credit.across_seeds`: per-seed gains, their mean, the t-interval over seeds, the
+    hierarchical bootstrap CI)."""
+    pairs = {seed: p for seed, s in r["seeds"].items() if (p := _paired(s["warm_table"], s["grpo_table"], cats))}
+    return across_seeds({seed: p[0] for seed, p in pairs.items()}, {seed: p[1] for seed, p in pairs.items()})
 
 
 def goal(r: dict[str, Any]) -> str:
@@ -123,9 +122,8 @@ def goal(r: dict[str, Any]) -> str:
     gains = {seed: s.get("grpo_gain_non_live_ast") for seed, s in r["seeds"].items()}
     done = {seed: g for seed, g in gains.items() if g}
     head = f"Goal (GRPO's own gain >= +{GOAL_POINTS} points on the non-live AST entries, CI above 0 on every seed): "
-    # the per-seed mean compared exactly (a mean of 0/1 verdicts): rounding must not move a gain across the goal
-    exact = {seed: Fraction(round(g["mean"] * g["n"]), g["n"]) for seed, g in done.items()}
-    hit = [seed for seed, g in done.items() if exact[seed] >= Fraction(GOAL_POINTS, 100) and g["lo"] > 0]
+    # compared in whole entries (the gain is a mean of -1/0/+1 differences): rounding must not move it across the goal
+    hit = [seed for seed, g in done.items() if 100 * round(g["mean"] * g["n"]) >= GOAL_POINTS * g["n"] and g["lo"] > 0]
     above = [seed for seed, g in done.items() if g["lo"] > 0]
     missing = len(gains) - len(done)
     if missing and len(hit) == len(done):
@@ -200,14 +198,13 @@ def report(args: argparse.Namespace) -> str:
                      f"| {' / '.join(live(t) for t in (u, w, g))} | {ci(s.get('grpo_gain_ood_ast'))} "
                      f"| {' / '.join(acc(t, 'live_irrelevance') for t in (u, w, g))} |")
     # GRPO's own gain across seeds: the per-seed paired gains, their mean and its intervals over seeds
-    across = [(name, r["across_seeds"][k]) for name, k in (("non-live AST", "non_live_ast"), ("live AST (OOD)",
-                                                                                               "ood_ast"))]
-    if any(len(a.get("seeds", [])) >= 2 for _, a in across):
+    across = [(name, r["across_seeds"][k]) for name, k in (("non-live AST", "non_live_ast"),
+                                                           ("live AST (OOD)", "ood_ast"))
+              if len(r["across_seeds"][k]["seeds"]) >= 2]
+    if across:
         lines += ["", "| GRPO's own gain, points | seeds | per seed | mean | t 95% CI over seeds "
                   "| bootstrap 95% CI | seeds above 0 |", "|---|---|---|---|---|---|---|"]
         for name, a in across:
-            if len(a.get("seeds", [])) < 2:
-                continue
             lines.append(f"| {name} | {', '.join(map(str, a['seeds']))} "
                          f"| {', '.join(f'{100 * d:+.1f}' for d in a['per_seed'])} | {100 * a['mean']:+.1f} "
                          f"| [{100 * a['t_lo']:+.1f}, {100 * a['t_hi']:+.1f}] "
@@ -279,9 +276,9 @@ def report(args: argparse.Namespace) -> str:
     # one seed's stages in all: what a seed costs on top of the untrained evaluation, which every seed shares
     totals = []
     for seed, s in r["seeds"].items():
-        parts = [s["warmstart"], s["grpo"]] + [t["cost"] for t in (s["warm_table"], s["grpo_table"]) if t]
-        if all(parts[:2]) and len(parts) == 4 and all(t["stages"].split("/")[0] == t["stages"].split("/")[1]
-                                                      for t in (s["warm_table"], s["grpo_table"])):
+        w, g = s["warm_table"], s["grpo_table"]
+        if s["warmstart"] and s["grpo"] and w and g and w["complete"] and g["complete"]:
+            parts = (s["warmstart"], s["grpo"], w["cost"], g["cost"])
             totals.append(f"seed {seed} {sum(c.get('wall_s') or 0 for c in parts) / 3600:.1f} h wall, "
                           f"{sum(c.get('cpu_s') or 0 for c in parts) / 3600:.1f} h CPU")
     if totals:
