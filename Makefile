@@ -75,14 +75,14 @@ demo: $(STAMP)
 	MALLOC_ARENA_MAX=1 $(BIN)/python -m trainers.demo --config trainers/configs/demo_cpu.yaml
 
 lint: $(STAMP)
-	$(BIN)/ruff check toolgym trainers tests benchmarks
+	$(BIN)/ruff check toolgym trainers tests benchmarks deploy
 
 test: $(STAMP)
-	$(BIN)/ruff check toolgym trainers tests benchmarks
+	$(BIN)/ruff check toolgym trainers tests benchmarks deploy
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/vector_step.py
+	$(BIN)/python -m benchmarks.vector_step
 
 # The core at the LOWER end of its transformers range (pyproject: transformers>=5.17, the GPU stack's version) in a
 # throwaway venv: the tests that load tokenizers, chat templates and models. `make test` covers the upper end.

@@ -41,7 +41,7 @@ other rows are what the same budget buys with another algorithm:
 
 Run (the table in ``docs/training.md`` came from this command)::
 
-    python benchmarks/algorithms.py --out runs/algorithms
+    python -m benchmarks.algorithms --out runs/algorithms
 
 ``--smoke`` runs a tiny version (~150 tokens per method, 5 tasks) that only checks the pipeline (add ``--base tiny``
 to start from a random 3.2M-parameter model: every row then trains on nothing it can succeed at). Writes
@@ -54,13 +54,11 @@ import argparse
 import gc
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -6,8 +6,8 @@ then evaluate ``--tasks`` held-out Calculator-v0 tasks (the demo's split, seeds 
 ``--batch`` under ``--autocast``. Reports the peak RSS above the loaded model (sampled every 3 ms), the wall time
 and the successes (which must agree: the cache changes no number).
 
-    MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/eval_memory.py                       # embedded model
-    MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/eval_memory.py --model runs/demo/final --reps 2
+    MALLOC_ARENA_MAX=1 .venv/bin/python -m benchmarks.eval_memory                       # embedded model
+    MALLOC_ARENA_MAX=1 .venv/bin/python -m benchmarks.eval_memory --model runs/demo/final --reps 2
 
 ``--json PATH`` also writes the numbers.
 """

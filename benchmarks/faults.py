@@ -11,7 +11,7 @@ reports ``"hung"`` instead of stopping the run:
   returns a lone surrogate: trajectories returned and lines written;
 * ``system_exit``: one step whose tool raises ``SystemExit`` (argparse on bad input): whether ``step`` returns.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/faults.py --mb 50 --blocked 12 --deadline 240
+    .venv/bin/python -m benchmarks.faults --mb 50 --blocked 12 --deadline 240
 
 Prints one JSON line per probe. Point ``PYTHONPATH`` at another checkout to measure it the same way.
 """

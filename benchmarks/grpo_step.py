@@ -10,14 +10,14 @@
 * ``frozen_cast``: the frozen (tied) embedding / LM head cast to bfloat16 at every decoding step (autocast caches
   only weights that require grad) vs once per ``generate()`` call (:func:`toolgym.checkpoint.autocast_context`);
 * ``shared_prefix``: every row's prompt computed in the loss forward and backward vs each group's prompt once
-  (:mod:`trainers.grpo.shared_prefix`, ``grpo.Config.shared_prefix``); every micro-batch is computed
+  (:mod:`trainers.grpo.prompt_packing`, ``grpo.Config.shared_prefix``); every micro-batch is computed
   (``skip_zero_advantage`` off), so that the untrained model's all-zero advantages still cost their training.
 
 "on" is what ``toolgym train grpo`` does. Each setting runs in a fresh child process, alternating, ``--reps``
 times: load ``--checkpoint`` (e.g. the demo's
 warm start), then ``--steps`` GRPO steps with the demo's settings (``--env calculator``: 16 episodes of
 Calculator-v0's train split per step, groups of 4, micro-batches of 2, bfloat16 autocast, 8-bit AdamW, frozen
-embedding, gradient checkpointing, ``trim_heap``) or ``benchmarks/bfcl.py``'s (``--env bfcl_multiple``: one prompt
+embedding, gradient checkpointing, ``trim_heap``) or ``benchmarks/bfcl/``'s (``--env bfcl_multiple``: one prompt
 of BFCL-v0's ``multiple`` train split per step with 8 samples in one micro-batch, 64 tokens a turn; the same
 autocast, optimizer and memory settings).
 Reports the wall time of the steps, the time in generation, in the loss forward and in the backward, the peak
@@ -27,9 +27,9 @@ micro-batches packed and unshared in turn (medians of 3), which a loaded machine
 bias.
 
     make demo   # or any run that saved runs/demo/warmstart
-    MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --reps 2
-    MALLOC_ARENA_MAX=1 .venv/bin/python benchmarks/grpo_step.py --checkpoint runs/demo/warmstart --compare sampling
-    nice -n 15 .venv/bin/python benchmarks/grpo_step.py --compare shared_prefix --env bfcl_multiple --threads 1
+    MALLOC_ARENA_MAX=1 .venv/bin/python -m benchmarks.grpo_step --checkpoint runs/demo/warmstart --reps 2
+    MALLOC_ARENA_MAX=1 .venv/bin/python -m benchmarks.grpo_step --checkpoint runs/demo/warmstart --compare sampling
+    nice -n 15 .venv/bin/python -m benchmarks.grpo_step --compare shared_prefix --env bfcl_multiple --threads 1
 
 ``--json PATH`` also writes the numbers.
 """

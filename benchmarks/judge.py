@@ -9,8 +9,8 @@ Every judgement has a distinct prompt (cache off), so each one is a real generat
 
 Prints judgements/s per concurrency and the speed-up over concurrency 1 (ratios measured side by side).
 
-    python benchmarks/judge.py                      # embedded SmolLM2-135M, concurrency 1 / 8 / 32
-    python benchmarks/judge.py --model tiny --n 64  # tiny random model: client + server overhead
+    python -m benchmarks.judge                      # embedded SmolLM2-135M, concurrency 1 / 8 / 32
+    python -m benchmarks.judge --model tiny --n 64  # tiny random model: client + server overhead
 """
 
 from __future__ import annotations

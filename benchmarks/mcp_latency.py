@@ -10,8 +10,8 @@ transport differs:
 At each concurrency (calls in flight at once: 1, 64, 512) it runs ``--calls`` calls and reports per-call
 p50/p99 latency (ms) and calls/s, plus the slowdown vs ``direct`` at the same concurrency.
 
-    python benchmarks/mcp_latency.py                 # 2,000 calls per cell (500 at concurrency 1)
-    python benchmarks/mcp_latency.py --calls 500     # quicker
+    python -m benchmarks.mcp_latency                 # 2,000 calls per cell (500 at concurrency 1)
+    python -m benchmarks.mcp_latency --calls 500     # quicker
 """
 
 from __future__ import annotations

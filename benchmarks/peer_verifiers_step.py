@@ -1,6 +1,6 @@
 """The ``vector_step.py --scale`` workload on verifiers 0.3.1's legacy ``ToolEnv`` (a peer, side by side).
 
-Run by ``benchmarks/vector_step.py --scale --verifiers-python PYTHON`` with the interpreter of a separate venv that
+Run by ``python -m benchmarks.vector_step --scale --verifiers-python PYTHON`` with the interpreter of a separate venv that
 has ``verifiers==0.3.1`` and ``tokenizers`` (never toolgym's venv: verifiers pins its own dependency versions)::
 
     python3 -m venv /tmp/peer-vf && /tmp/peer-vf/bin/pip install verifiers==0.3.1 tokenizers

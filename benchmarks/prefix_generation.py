@@ -19,7 +19,7 @@ the ratio on / off. ``toolgym train grpo`` generates through TRL's ``generate()`
 
 Run (about 10 minutes on one thread of this repository's 2-core CI machine)::
 
-    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python benchmarks/prefix_generation.py --reps 3 --threads 1
+    OMP_NUM_THREADS=1 nice -n 15 .venv/bin/python -m benchmarks.prefix_generation --reps 3 --threads 1
 
 ``--autocast float32`` runs in the model's own dtype; ``--json PATH`` also writes the numbers; :func:`compare` is the
 same measurement for other scripts.
@@ -30,12 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 WORKLOADS = ("bfcl", "calculator")
 

@@ -13,8 +13,8 @@ Measures, per corpus:
 
 Usage::
 
-    python benchmarks/retrieval.py                # both corpora
-    python benchmarks/retrieval.py --quick        # fewer queries, embedded corpus only
+    python -m benchmarks.retrieval                # both corpora
+    python -m benchmarks.retrieval --quick        # fewer queries, embedded corpus only
 
 Queries are the embedded questions and their entities (deterministic). Numbers are machine-dependent: compare
 rows taken side by side.

@@ -11,8 +11,8 @@ metrics are :func:`trainers.reward_model.agreement` (accuracy of ``score >= 0.5`
 
 Run::
 
-    python benchmarks/reward_model_agreement.py                 # tiny random base model (3.2M params)
-    python benchmarks/reward_model_agreement.py --base embedded --steps 40 --lr 2e-5  # SmolLM2-135M base (~12 min)
+    python -m benchmarks.reward_model_agreement                 # tiny random base model (3.2M params)
+    python -m benchmarks.reward_model_agreement --base embedded --steps 40 --lr 2e-5  # SmolLM2-135M base (~12 min)
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 ENV = "toolgym/Calculator-v0"

@@ -30,7 +30,7 @@ Workload B (``--slots 16``, 64 episodes): latencies vary widely (every 10th job'
 (slots refill at once), with a server-like stand-in policy (fixed 50 ms per request, requests overlapping) so the
 comparison measures scheduling. Target: continuous >= 1.5x lock-step.
 
-Run: ``python benchmarks/rollout.py`` (about 2.5 minutes on 2 cores: A ~1m50s, B ~25 s; ``--workload a|b``;
+Run: ``python -m benchmarks.rollout`` (about 2.5 minutes on 2 cores: A ~1m50s, B ~25 s; ``--workload a|b``;
 ``--quick`` for a smaller run; ``--threads 1`` on a shared machine).
 """
 
@@ -42,10 +42,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import numpy as np

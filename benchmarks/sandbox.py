@@ -16,7 +16,7 @@ plus ``/proc/<server>/stat`` of the live server), which does not depend on what 
 ``2 / CPU-seconds-per-exec`` is the rate two idle cores could sustain. Kernel worker threads (namespace
 teardown) are not attributed to any process and not included. Prints one line per mode and the ratios.
 
-    .venv/bin/python benchmarks/sandbox.py --calls 200 --concurrency 4 --pool 4
+    .venv/bin/python -m benchmarks.sandbox --calls 200 --concurrency 4 --pool 4
 """
 
 from __future__ import annotations

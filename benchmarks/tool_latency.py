@@ -5,8 +5,8 @@ For each tool (calculator, BM25 search, read-only SQL, sandboxed Python) it time
 validation, caps, timeout, metrics), at concurrency 1 and 32, side by side in one run, and prints the executor's
 overhead as a ratio. It also writes the per-call latencies (JSON) and a histogram PNG.
 
-    .venv/bin/python benchmarks/tool_latency.py                 # all tools, 200 calls each
-    .venv/bin/python benchmarks/tool_latency.py --tools calculator,search --calls 500 --out runs/bench
+    .venv/bin/python -m benchmarks.tool_latency                 # all tools, 200 calls each
+    .venv/bin/python -m benchmarks.tool_latency --tools calculator,search --calls 500 --out runs/bench
 """
 
 from __future__ import annotations

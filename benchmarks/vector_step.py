@@ -4,9 +4,9 @@ Every sub-env makes one call to a tool that takes 50 ms (an ``asyncio.sleep``), 
 whatever N is. Also measures the env's own overhead per turn (decode + parse + execute an instant tool + build
 and tokenize the observation) against the tokenizer's own ``encode`` of the same observation text.
 
-    .venv/bin/python benchmarks/vector_step.py            # full run (N = 1, 16, 64, 256)
-    .venv/bin/python benchmarks/vector_step.py --quick    # N = 1, 16
-    .venv/bin/python benchmarks/vector_step.py --scale    # N = 256, 1024, 4096: toolgym with and without its
+    .venv/bin/python -m benchmarks.vector_step            # full run (N = 1, 16, 64, 256)
+    .venv/bin/python -m benchmarks.vector_step --quick    # N = 1, 16
+    .venv/bin/python -m benchmarks.vector_step --scale    # N = 256, 1024, 4096: toolgym with and without its
                                                           # gc handling (and verifiers 0.3.1 with
                                                           # --verifiers-python): ms per step, us per
                                                           # episode-step, memory

@@ -90,9 +90,9 @@ def _single_turn(category: str, entry_id: str, text: str) -> dict[str, Any]:
     row = next(r for r in load_category(category) if r["id"] == entry_id)
     env.reset(options={"task": row})
     _, reward, terminated, _, info = env.step(env.encode_action(text))
-    assert terminated and reward == (1.0 if info["bfcl"]["valid"] else 0.0)
+    assert terminated and reward == (1.0 if info["trajectory"].task["bfcl"]["valid"] else 0.0)
     env.close()
-    return info["bfcl"]
+    return info["trajectory"].task["bfcl"]
 
 
 def _bfcl_ast(category: str, entry_id: str, output: list[dict[str, Any]]) -> dict[str, Any]:
@@ -144,7 +144,7 @@ def test_dotted_names_are_shown_with_underscores_and_checked_under_bfcls_names()
     text = env.format.parser.format_calls([("math_toolkit_sum_of_multiples", {"lower_limit": 1, "upper_limit": 1000,
                                             "multiples": [3, 5]}), ("math_toolkit_product_of_primes", {"count": 5})])
     _, reward, *_ , info = env.step(env.encode_action(text))
-    assert reward == 1.0 and info["bfcl"]["valid"]
+    assert reward == 1.0 and info["trajectory"].task["bfcl"]["valid"]
     env.close()
 
 
@@ -155,10 +155,10 @@ def test_irrelevance_rewards_no_call(category):
     name = row["tools"][0]["function"]["name"]
     env.reset(options={"task": row})
     _, r_call, *_, info = env.step(env.encode_action(env.format.parser.format_calls([(name, {})])))
-    assert r_call == 0.0 and info["bfcl"]["error_type"] == "irrelevance_error:decoder_success"
+    assert r_call == 0.0 and info["trajectory"].task["bfcl"]["error_type"] == "irrelevance_error:decoder_success"
     env.reset(options={"task": row})
     _, r_text, *_, info = env.step(env.encode_action("I cannot help with that using these functions."))
-    assert r_text == 1.0 and info["bfcl"]["valid"]
+    assert r_text == 1.0 and info["trajectory"].task["bfcl"]["valid"]
     env.close()
 
 
@@ -233,11 +233,11 @@ def test_model_text_is_never_executed(tmp_path):
     assert payload in info["results"][1]["content"]  # the simulator got the payload as a plain string
     # the call strings handed to BFCL's checker quote the payload as a string literal
     assert env._steps == [[f"cd(folder={payload!r})"]]
-    while not env.verdict:  # finish every turn without further calls: the checker runs on the payload string
+    while True:  # finish every turn without further calls: the checker runs on the payload string
         _, _, terminated, truncated, info = env.step(env.encode_action("Done."))
         if terminated or truncated:
             break
-    assert info["bfcl"]["valid"] is False
+    assert info["trajectory"].task["bfcl"]["valid"] is False
     assert not marker.exists()
     env.close()
 
@@ -342,14 +342,14 @@ def test_a_slow_simulator_call_times_out_while_other_episodes_keep_stepping():
 
     still_running, fast_info, slow_info = runtime.run_sync(both())
     assert still_running  # the other episode stepped to its end while the slow call ran
-    assert fast_info["bfcl"]["valid"]
+    assert fast_info["trajectory"].task["bfcl"]["valid"]
     kinds = [r["error_kind"] for r in slow_info["results"]]
     assert kinds == [None] * len(calls) + ["timeout"], kinds
     assert slow.executor.metrics.errors["timeout"] == 1
     # the episode goes on in a fresh process that replayed its completed calls: the turn's state check passes
     info = _oracle_episode_to_end(slow)
     assert slow.worker.starts == 2
-    assert info["bfcl"]["valid"] and all(info["bfcl"]["turn_passes"]), info["bfcl"]
+    assert info["trajectory"].task["bfcl"]["valid"] and all(info["trajectory"].task["bfcl"]["turn_passes"]), info["trajectory"].task["bfcl"]
     slow.close()
     fast.close()
 
@@ -369,13 +369,13 @@ def test_a_reward_given_to_the_env_is_the_one_it_uses():
     env.reset(options={"task": row})
     info = _oracle_episode_to_end(env)
     assert seen == [row["id"]] and info["outcome_reward"] == float(len(info["trajectory"].tool_calls)) > 0
-    assert "bfcl" not in info  # this reward does not ask for BFCL's verdict
+    assert "bfcl" not in info["trajectory"].task  # this reward does not ask for BFCL's verdict
     env.close()
     env = gym.make(ENV, category="multi_turn_base", reward=Combine({BFCLReward(): 1.0, calls_made: 0.0}),
                    disable_env_checker=True).unwrapped
     env.reset(options={"task": row})
     info = _oracle_episode_to_end(env)
-    assert info["bfcl"]["valid"] and info["outcome_reward"] == 1.0
+    assert info["trajectory"].task["bfcl"]["valid"] and info["outcome_reward"] == 1.0
     env.close()
     with pytest.raises(TypeError, match="not a reward"):
         gym.make(ENV, category="simple_python", reward="bfcl", disable_env_checker=True)
@@ -398,3 +398,79 @@ def test_the_verdict_is_a_function_of_the_trajectory_and_the_task():
     again.turns[last].results = [type(r)(r.call, r.content, ToolErrorKind.TIMEOUT) for r in again.turns[last].results]
     score = runtime.run_sync(BFCLReward().outcome(again, again.task))
     assert score.value == 0.0 and again.task["bfcl"]["error_type"].startswith("multi_turn:")
+
+
+def test_simulator_calls_run_through_the_executor():
+    from toolgym.envs.base import TRUNCATED_MARK
+
+    row = _multi_turn_row()
+    env = gym.make(ENV, category="multi_turn_base", max_obs_chars=20, disable_env_checker=True).unwrapped
+    env.reset(options={"task": row})
+    truth = [env.session.keyword_form(s) for s in row["ground_truth"][0]]
+    text = env.format.parser.format_calls([("ls", {"a": True}), ("no_such_function", {}), *truth])
+    _, _, terminated, _, info = env.step(env.encode_action(text))
+    assert not terminated
+    m = env.executor.metrics
+    assert m.calls["ls"] == 1 and m.calls["no_such_function"] == 1 and m.errors["unknown_tool"] == 1
+    assert len(m.latencies_s["ls"]) == 1 and "no_such_function" not in m.latencies_s
+    # the executor's bound on what the model is shown; BFCL's response check reads the whole result
+    ls = info["results"][0]["content"]
+    assert ls.endswith(TRUNCATED_MARK) and len(ls) == 20 + len(TRUNCATED_MARK)
+    assert len(env.session.results[0]) > 20 and env.session.results[0].startswith(ls[:20])
+    info = _oracle_episode_to_end(env)
+    closing = [t for t in info["trajectory"].turns if t.env_checks]
+    assert [t.env_checks["bfcl"]["user_turn"] for t in closing] == [i for i, g in enumerate(row["ground_truth"]) if g]
+    env.close()
+
+
+def test_the_per_turn_checks_reach_the_reward_on_the_turns_and_nowhere_else():
+    import copy
+
+    from toolgym import runtime
+    from toolgym.envs.bfcl import BFCLReward
+
+    row = _multi_turn_row()
+    traj, = _run("multi_turn_base", [row], num_envs=1)
+    assert not any(k.startswith("bfcl_turn") for k in traj.task)  # nothing is written into the task row
+    closing = next(t for t in traj.turns if t.env_checks)
+    reward = BFCLReward()
+    score = runtime.run_sync(reward.turn(closing, traj, traj.task))
+    assert score.components == {"bfcl_turn_pass": 1.0} and score.value > 0
+    bare = copy.deepcopy(closing)
+    bare.env_checks.clear()  # a closing turn without BFCL's check: an error, never a silent 0
+    with pytest.raises(ValueError, match="env_checks"):
+        runtime.run_sync(reward.turn(bare, traj, traj.task))
+    with pytest.raises(ValueError, match="BFCL entries"):  # another env's task
+        runtime.run_sync(reward.outcome(traj, {"id": "calc-1", "prompt": "1+1"}))
+    reward.close()
+
+
+def _worker_pids() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)
+            if "toolgym.envs.bfcl.worker" in " ".join(p.cmdline())}
+
+
+def test_closing_the_env_leaves_no_child_process():
+    import psutil
+
+    from toolgym import runtime
+    from toolgym.envs.bfcl import BFCLReward
+
+    before = _worker_pids()
+    env = gym.make(ENV, category="multi_turn_base", disable_env_checker=True).unwrapped
+    env.reset(options={"task": _multi_turn_row()})
+    info = _oracle_episode_to_end(env)  # simulator calls, turn checks and the verdict: all in the env's worker
+    assert info["trajectory"].task["bfcl"]["valid"]
+    pid = env.worker.pid
+    assert pid is not None and _worker_pids() - before == {pid} and env.reward.checker is env.worker
+    env.close()
+    assert not psutil.pid_exists(pid) and _worker_pids() == before
+    # a reward made by the caller owns its own checker process and stops it on close()
+    reward = BFCLReward()
+    again = info["trajectory"]
+    score = runtime.run_sync(reward.outcome(again, again.task))
+    assert score.value == 1.0 and reward.checker.pid in _worker_pids()
+    reward.close()
+    assert _worker_pids() == before

@@ -1,4 +1,4 @@
-"""benchmarks/bfcl.py keeps each finished stage and resumes: a killed run recomputes nothing that finished, and an
+"""`python -m benchmarks.bfcl` keeps each finished stage and resumes: a killed run recomputes nothing that finished, and an
 interrupted GRPO stage continues from its last saved step; the report reads the committed results alone."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ TINY = ["--seeds", "0", "--categories", "simple_python", "--tasks", "1", "--ood-
 
 
 def _cmd(out: Path, results: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "benchmarks" / "bfcl.py"), *TINY, "--out", str(out), "--results", str(results),
+    return [sys.executable, "-m", "benchmarks.bfcl", *TINY, "--out", str(out), "--results", str(results),
             *extra]
 
 
@@ -74,7 +74,7 @@ def test_a_killed_run_resumes_without_recomputing_finished_stages(tmp_path: Path
     assert any(n.startswith("eval-grpo-seed0-") for n in after)
 
     # the report comes from the committed results alone (no --out), every stage present
-    rep = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bfcl.py"), *TINY, "--results", str(results),
+    rep = subprocess.run([sys.executable, "-m", "benchmarks.bfcl", *TINY, "--results", str(results),
                           "--out", str(tmp_path / "elsewhere"), "--report"], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr[-3000:]
@@ -96,8 +96,8 @@ def test_a_killed_run_resumes_without_recomputing_finished_stages(tmp_path: Path
 def test_a_committed_result_is_not_recomputed_on_a_new_machine(tmp_path: Path) -> None:
     """With the committed results of the untrained evaluation and an empty ``--out`` (a new machine), the run
     does not evaluate the untrained model again."""
-    from benchmarks.bfcl import eval_plan, parser, protocol
-    from benchmarks.stages import Stage
+    from benchmarks.bfcl.protocol import eval_plan, parser, protocol
+    from benchmarks.common.stages import Stage
 
     args = parser().parse_args([*TINY, "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")])
     proto = protocol(args)
@@ -125,7 +125,7 @@ def test_a_committed_result_is_not_recomputed_on_a_new_machine(tmp_path: Path) -
 ])
 def test_the_warm_start_checkpoint_is_rebuilt_only_when_a_remaining_stage_needs_it(
         ws_evals: bool, grpo: bool, grpo_evals: bool, grpo_files: bool, needed: bool) -> None:
-    from benchmarks.bfcl import warmstart_files_needed
+    from benchmarks.bfcl.protocol import warmstart_files_needed
 
     assert warmstart_files_needed(ws_evals, grpo, grpo_evals, grpo_files) is needed
 
@@ -133,9 +133,9 @@ def test_the_warm_start_checkpoint_is_rebuilt_only_when_a_remaining_stage_needs_
 def test_the_report_gives_the_in_distribution_gain_before_the_live_categories_finish(tmp_path: Path) -> None:
     """Once the warm start and GRPO are evaluated on every in-distribution category, the report has the non-live
     AST column and GRPO's paired gain; the live columns wait for their categories."""
-    from benchmarks.bfcl import eval_plan, grpo_config, parser, protocol, warmstart_config
-    from benchmarks.bfcl_report import collect_results, report
-    from benchmarks.stages import Stage
+    from benchmarks.bfcl.protocol import eval_plan, grpo_config, parser, protocol, warmstart_config
+    from benchmarks.bfcl.report import collect_results, report
+    from benchmarks.common.stages import Stage
 
     results = tmp_path / "results"
     args = parser().parse_args([*TINY, "--out", str(tmp_path / "out"), "--results", str(results)])
@@ -160,8 +160,8 @@ def test_the_report_gives_the_in_distribution_gain_before_the_live_categories_fi
 
 def _evaluated(tmp_path: Path, args: object, seed: int, warm: list[bool], grpo: list[bool]) -> None:
     """Record one seed's warm start and GRPO evaluations of ``simple_python`` (one verdict per entry)."""
-    from benchmarks.bfcl import eval_plan, grpo_config, protocol, warmstart_config
-    from benchmarks.stages import Stage
+    from benchmarks.bfcl.protocol import eval_plan, grpo_config, protocol, warmstart_config
+    from benchmarks.common.stages import Stage
 
     results, proto = Path(args.results), protocol(args)  # type: ignore[attr-defined]
     ws = Stage(tmp_path / "o", f"warmstart-seed{seed}", warmstart_config(args, proto, seed), results)
@@ -179,8 +179,8 @@ def _evaluated(tmp_path: Path, args: object, seed: int, warm: list[bool], grpo: 
 def test_the_report_states_the_gain_across_seeds_and_whether_the_goal_is_met(tmp_path: Path) -> None:
     """Across seeds: each seed's paired gain, their mean and intervals; the goal (+10 points with a CI above 0 on
     every seed) is undecided while the evaluated seeds reach it, not met once one misses it, met when all reach it."""
-    from benchmarks.bfcl import parser
-    from benchmarks.bfcl_report import collect_results, goal, report
+    from benchmarks.bfcl.protocol import parser
+    from benchmarks.bfcl.report import collect_results, goal, report
 
     args = parser().parse_args([*TINY, "--seeds", "0", "1", "2", "--out", str(tmp_path / "out"),
                                 "--results", str(tmp_path / "results")])
@@ -213,7 +213,7 @@ def test_the_report_states_the_gain_across_seeds_and_whether_the_goal_is_met(tmp
 def test_the_training_summary_counts_the_steps_that_had_anything_to_learn_from() -> None:
     """A step whose groups all have one reward gives every sample advantage 0: the summary counts the steps with
     any spread and names the last one."""
-    from benchmarks.bfcl_report import grpo_training
+    from benchmarks.bfcl.report import grpo_training
 
     log = [{"step": i + 1, "reward": r, "frac_reward_zero_std": z, **({"entropy": 0.1} if z < 1 else {})}
            for i, (r, z) in enumerate([(0.5, 0.5), (0.0, 1.0), (0.25, 0.0), (0.5, 1.0), (0.0, 1.0)])]

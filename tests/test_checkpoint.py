@@ -171,3 +171,25 @@ def test_toolgym_eval_takes_the_checkpoints_recorded_batching_unless_given(tmp_p
     seen["num_envs"].clear(), seen["rows"].clear()
     assert main(base) == 0
     assert seen["num_envs"] == [8] and max(seen["rows"]) == 5
+
+
+def test_save_checkpoint_writes_only_on_the_main_process_and_keeps_the_shared_tokenizer(tmp_path: Path) -> None:
+    """The one save path: on the main process the weights, the tokenizer (with the given template, the caller's
+    tokenizer untouched) and the run settings; on another rank of a multi-process run, nothing (a bare model has
+    no collective save to take part in)."""
+    from toolgym.checkpoint import save_checkpoint
+
+    tok = load_tokenizer()
+    model = tiny_random_model(tok, seed=2)
+    own = tok.chat_template
+    assert save_checkpoint(model, tok, tmp_path / "rank1", chat_template="{{ 'x' }}", main_process=False,
+                           run_settings={"env_id": ENV}) == tmp_path / "rank1"
+    assert not (tmp_path / "rank1").exists()
+    ckpt = save_checkpoint(model, tok, tmp_path / "rank0", chat_template="{{ 'x' }}",
+                           run_settings={"env_id": ENV, "max_turn_tokens": 7})
+    assert tok.chat_template == own
+    model2, tok2 = load_model(ckpt)
+    assert tok2.chat_template == "{{ 'x' }}" and read_run_settings(ckpt)["max_turn_tokens"] == 7
+    import torch
+
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values(), strict=True))

@@ -1,4 +1,4 @@
-"""benchmarks/credit.py --smoke runs the whole protocol end to end (tiny random model: the pipeline, not a result)."""
+"""`python -m benchmarks.credit --smoke` runs the whole protocol end to end (tiny random model: the pipeline, not a result)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytest.importorskip("trl", reason="the benchmark trains with TRL")
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_credit_benchmark_smoke(tmp_path, capsys):
-    from benchmarks.credit import main
+    from benchmarks.credit.run import main
 
     assert main(["--smoke", "--model", "tiny", "--threads", "1", "--output-dir", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "results.json").read_text())
@@ -50,7 +50,7 @@ def test_credit_benchmark_smoke(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_validation_run_evaluates_on_train_tasks_no_arm_trains_on(tmp_path):
-    from benchmarks.credit import main
+    from benchmarks.credit.run import main
 
     assert main(["--smoke", "--validate", "--model", "tiny", "--threads", "1", "--output-dir", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "results.json").read_text())
@@ -59,7 +59,8 @@ def test_the_validation_run_evaluates_on_train_tasks_no_arm_trains_on(tmp_path):
 
 
 def test_across_seed_statistics_and_the_verdict():
-    from benchmarks.credit import across_seeds, verdict
+    from benchmarks.common.stats import across_seeds
+    from benchmarks.credit.verdict import verdict
 
     tasks = 50
     base = {s: [1.0] * 20 + [0.0] * 30 for s in range(5)}  # 40% on every seed
@@ -84,7 +85,8 @@ def test_across_seed_statistics_and_the_verdict():
 def test_a_mean_difference_of_exactly_zero_is_not_moved_below_zero_by_rounding():
     """Per-seed differences of +7, -1, -2, 0 and -4 points over 100 tasks have a mean of exactly 0, which the
     verdict's ">= 0" admits (the differences of the float success rates average to -2e-17)."""
-    from benchmarks.credit import across_seeds, verdict
+    from benchmarks.common.stats import across_seeds
+    from benchmarks.credit.verdict import verdict
 
     base_pct, arm_pct = [89, 98, 97, 97, 92], [96, 97, 95, 97, 88]
     base = {s: [1.0] * p + [0.0] * (100 - p) for s, p in enumerate(base_pct)}

@@ -1,4 +1,4 @@
-"""benchmarks/credit.py resumes: a killed run keeps its finished arms, an interrupted arm continues from its last
+"""`python -m benchmarks.credit` resumes: a killed run keeps its finished arms, an interrupted arm continues from its last
 checkpoint, and the verdict comes from the results records alone (tiny random model: the mechanics, not a result)."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _run(out: Path, *extra: str, fault: str | None = None) -> subprocess.Complet
 
 def _main(capsys, out: Path, *extra: str) -> str:
     """The benchmark in this process (its imports are paid once); returns what it printed."""
-    from benchmarks.credit import main
+    from benchmarks.credit.run import main
 
     capsys.readouterr()
     assert main([*TINY, "--output-dir", str(out), *extra]) == 0
@@ -57,7 +57,7 @@ def _comparable(arm: dict) -> dict:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
     """The tiny protocol run once, never interrupted."""
-    from benchmarks.credit import main
+    from benchmarks.credit.run import main
 
     out = tmp_path_factory.mktemp("credit-ref")
     assert main([*TINY, "--output-dir", str(out)]) == 0
@@ -104,7 +104,7 @@ def test_a_killed_run_resumes_without_recomputing_finished_arms(tmp_path, refere
     assert json.loads((fresh / "results.json").read_text())["summary"] == r["summary"]
     # the verdict is recomputed from the records alone
     printed = _main(capsys, tmp_path / "elsewhere", "--report", "--results-dir", str(out / "results"))
-    from benchmarks.credit import verdict
+    from benchmarks.credit.verdict import verdict
 
     assert "4/4 arms finished" in printed and f"Verdict: {verdict(r['summary'], 'turn_return')}" in printed
 
@@ -152,8 +152,8 @@ def test_two_processes_on_one_output_directory_train_each_arm_once(tmp_path, ref
 def test_stage_keys_follow_what_a_stage_computes(tmp_path):
     from dataclasses import replace
 
-    from benchmarks.credit import CreditBenchConfig, plan
-    from benchmarks.credit_stages import Stage, latest_checkpoint, write_json
+    from benchmarks.credit.protocol import CreditBenchConfig, plan
+    from benchmarks.credit.stages import Stage, latest_checkpoint, write_json
 
     cfg = CreditBenchConfig()
     keys = {name: s.key for name, s, *_ in plan(cfg).arms}

@@ -296,3 +296,43 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert lines[0].startswith("```")
     assert lines[1].startswith("make demo") and lines[2].startswith("make test")
     assert lines[3] == "```"
+
+
+def _private_grpo_trainer_names() -> set[str]:
+    """The private ``GRPOTrainer`` methods the GRPO wing overrides (in its ``GRPOTrainer`` subclasses) or calls (on a
+    trainer, or on ``self`` inside such a subclass), read from ``trainers/grpo/*.py`` with :mod:`ast`."""
+    import ast
+
+    trl = pytest.importorskip("trl", reason="the GRPO wing needs the [train] extra (trl)")
+    private = {n for n in dir(trl.GRPOTrainer) if n.startswith("_") and not n.startswith("__")}
+    trees = [ast.parse(p.read_text(encoding="utf-8")) for p in sorted((ROOT / "trainers" / "grpo").glob("*.py"))]
+    classes = [c for t in trees for c in ast.walk(t) if isinstance(c, ast.ClassDef)]
+    subclasses, grown = {"GRPOTrainer"}, True
+    while grown:
+        new = {c.name for c in classes if any(ast.unparse(b).split(".")[-1] in subclasses for b in c.bases)}
+        grown, subclasses = not new <= subclasses, subclasses | new
+    found = set()
+    for tree in trees:
+        owners = {id(n): c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in ast.walk(c)}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.FunctionDef) and n.name in private and owners.get(id(n)) in subclasses:
+                found.add(n.name)
+            elif isinstance(n, ast.Attribute) and n.attr in private:
+                on_self = ast.unparse(n.value) in ("self", "super()")
+                if not on_self or owners.get(id(n)) in subclasses:
+                    found.add(n.attr)
+    return found
+
+
+def test_design_names_every_private_grpo_trainer_method_the_wing_relies_on() -> None:
+    """docs/design.md says which private ``GRPOTrainer`` methods the GRPO wing overrides or calls: the list is the
+    code's (a TRL upgrade is checked against exactly these)."""
+    names = _private_grpo_trainer_names()
+    assert {"_compute_loss", "_generate_single_turn"} <= names  # the reader sees what it must
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    para = text[text.index("TRL's code is not patched"):]
+    para = para[:para.index("\n\n")]
+    named = set(re.findall(r"`(_[a-z_]+)`", para))
+    assert names <= named, f"docs/design.md does not name {sorted(names - named)}"
+    methods = {n for n in named if callable(getattr(pytest.importorskip("trl").GRPOTrainer, n, None))}
+    assert methods <= names, f"docs/design.md names {sorted(methods - names)}, which the wing does not use"

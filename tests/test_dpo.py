@@ -256,7 +256,7 @@ def test_config_flags_and_unknown_keys(tmp_path):
     cfg = load("dpo", f, ["--pairs-per-task", "3", "--max_length", "null", "--save_model", "false"])
     assert (cfg.margin, cfg.pairs_per_task, cfg.env_kwargs, cfg.max_length, cfg.save_model) == \
         (0.9, 3, {"split": "test"}, None, False)
-    assert Config().env_kwargs == {"split": "train"} and Config().env_kwargs is not Config().env_kwargs
+    assert Config().env_kwargs == {} and Config().env_kwargs is not Config().env_kwargs
     f.write_text("bogus: 1\n")
     with pytest.raises(ConfigError, match="unknown key bogus"):
         load("dpo", f)

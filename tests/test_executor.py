@@ -222,3 +222,35 @@ async def test_an_error_message_is_encodable_text():
 def test_duplicate_tool_names_are_rejected():
     with pytest.raises(ValueError, match="duplicate tool name"):
         ToolExecutor([add, tool(add.fn)])
+
+
+class Ledger(Tool):
+    """An episode's own tool (never registered): appends to a shared ledger, yielding to the loop first."""
+
+    cacheable = False
+
+    def __init__(self, name: str, ledger: list[str]) -> None:
+        self.name, self.ledger = name, ledger
+
+    async def acall(self, arguments):
+        await asyncio.sleep(0.01 if self.name == "first" else 0)
+        self.ledger.append(self.name)
+        return f"{self.name} done"
+
+
+def test_an_episodes_own_tools_run_in_order_under_the_executors_bookkeeping():
+    ledger: list[str] = []
+    own = {n: Ledger(n, ledger) for n in ("first", "second")}
+    ex = ToolExecutor([add])
+    calls = [ToolCall("first", {}), ToolCall("second", {}), ToolCall("add", {"a": 1, "b": 2}), ToolCall("nope", {})]
+    results = asyncio.run(ex.run_many(calls, own, in_order=True))
+    assert ledger == ["first", "second"]  # in the order given, though the first one yields longer
+    assert [r.error_kind for r in results[:2]] == [None, None] and results[0].content == "first done"
+    # the registry is not consulted for an episode's calls; an unknown name lists the episode's tools
+    assert results[2].error_kind is ToolErrorKind.UNKNOWN_TOOL and results[3].error_kind is ToolErrorKind.UNKNOWN_TOOL
+    assert "available: first, second" in results[3].content
+    assert ex.metrics.calls["first"] == 1 and len(ex.metrics.latencies_s["second"]) == 1
+    assert ex.metrics.errors["unknown_tool"] == 2
+    ledger.clear()
+    asyncio.run(ex.run_many(calls[:2], own))  # concurrently: the one that yields less finishes first
+    assert ledger == ["second", "first"]

@@ -1,4 +1,6 @@
-"""Every supported model family end to end, with real tokenizers where a package ships them (docs/families.md):
+"""The model families with a real tokenizer and chat template in a package, end to end (docs/families.md; Kimi-K2,
+DeepSeek-V3.2, MiniMax-M2 and pythonic, whose own chat templates do not ship and run with the closest real one, are in
+``tests/test_families_kimi_deepseek32_minimax_pythonic.py``):
 
 * a 3-turn episode (two tool calls, then an answer) written in the family's native format: both calls parse,
   the results reach the model, mask truth is exact, drift is empty (or, for DeepSeek-V3's template, reported

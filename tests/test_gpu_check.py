@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_bundle import make_bundle
-from benchmarks.gpu_check import main as gpu_check
+from deploy.gpu_bundle import make_bundle
+from deploy.gpu_check import main as gpu_check
 
 
 def _tiny_wheel(tmp: Path) -> Path:

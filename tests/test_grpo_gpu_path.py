@@ -1,4 +1,4 @@
-"""The GPU path's first-contact fixes, each checked with a real TRL ``GRPOTrainer`` (tiny model, CPU) or the
+"""What the GPU path needs that a CPU run does not, each checked with a real TRL ``GRPOTrainer`` (tiny model, CPU) or the
 shipped files: stop ids reach generation, an empty completion never reaches TRL, the reference model / colocate
 model directory exists for models without a hub path, every shipped tracker is installable, the IS mode is stated
 and its ratios surface as ``toolgym/*`` metrics, no loopback hosts in multi-node settings, no unverified DP claim.

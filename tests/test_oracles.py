@@ -115,7 +115,7 @@ def test_word_problem_solutions_print_the_answer():
     import contextlib
     import io
 
-    from toolgym.data.word_problems import TEMPLATES, generate_problem
+    from toolgym.envs.python import TEMPLATES, generate_problem
 
     rng = np.random.default_rng(3)
     seen = set()

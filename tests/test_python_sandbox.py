@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import toolgym
-from toolgym.data.word_problems import TEMPLATES, generate_problem
+from toolgym.envs.python import TEMPLATES, generate_problem
 from toolgym.format.parsers import get_parser
 from toolgym.tools.base import ToolCall, ToolErrorKind
 from toolgym.tools.executor import ToolExecutor

@@ -286,6 +286,9 @@ def test_real_server_register_promote_and_download(mlflow_server, tmp_path, caps
     assert got == tmp_path / "cache" / "calc" / "2"
     assert _sha(got / "model.safetensors") == _sha(ckpts["tiny2"] / "model.safetensors")
     assert sorted(p.name for p in got.iterdir()) == sorted(p.name for p in ckpts["tiny2"].iterdir())
+    (got / "model.safetensors").write_bytes(b"\0" * 64)  # a damaged cached copy is downloaded again, not loaded
+    again = resolve_model_uri("models:/calc@champion", cache_dir=tmp_path / "cache")
+    assert again == got and _sha(again / "model.safetensors") == _sha(ckpts["tiny2"] / "model.safetensors")
     shutil.rmtree(got)
 
 

@@ -126,6 +126,20 @@ def test_load_reward_base_adds_a_one_output_head(tiny_base):
     assert model.config.num_labels == 1 and model.config.pad_token_id == tok.pad_token_id
 
 
+def test_the_tiny_reward_base_is_the_tiny_lm_with_a_score_head():
+    """``model: tiny`` (the base config's smoke-test model) works for the reward model too: the tiny LM's body in
+    the requested dtype, seeded, with one new output."""
+    import torch
+
+    from toolgym.models import tiny_random_model
+
+    model, tok = load_reward_base("tiny", dtype="bfloat16", seed=4)
+    lm = tiny_random_model(tok, seed=4)
+    assert model.config.num_labels == 1 and model.score.weight.dtype == torch.bfloat16
+    assert torch.equal(model.model.embed_tokens.weight, lm.model.embed_tokens.weight.to(torch.bfloat16))
+    assert model(torch.tensor([[5, 6, 7]])).logits.shape == (1, 1)
+
+
 @pytest.mark.timeout(300)
 def test_local_reward_model_scores_env_episodes_in_batches(trained_rm, episodes):
     import torch

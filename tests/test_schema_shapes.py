@@ -191,3 +191,87 @@ def test_root_union_pydantic_discriminated_models(family, write):
     params = {"oneOf": [Num.model_json_schema(), Word.model_json_schema()]}
     assert _args(family, write(kind="word", value="42"), params) == {"kind": "word", "value": "42"}
     assert _args(family, write(kind="num", value="42"), params) == {"kind": "num", "value": 42}
+
+
+# -- Readings where the engines differ: vLLM where its GLM / Qwen3-Coder parsers have a rule, else SGLang ------------
+CATCH_ALL = {"type": "object", "required": ["kind", "payload"], "oneOf": [
+    {"properties": {"kind": {"const": "json"}, "payload": {"type": "object"}}},
+    {"properties": {"kind": {"const": "list"}, "payload": {"type": "array"}}},
+    {"properties": {"kind": {"const": "raw"}, "payload": {"type": "string"}}},  # the catch-all branch
+]}
+
+
+@pytest.mark.parametrize(("family", "write"), FAMILIES)
+@pytest.mark.parametrize("kind_first", [True, False])
+def test_root_union_catch_all_branch_keeps_the_text(family, write, kind_first):
+    pairs = [("kind", "raw"), ("payload", '{"x":1}')]
+    got = _args(family, write(**dict(pairs if kind_first else pairs[::-1])), CATCH_ALL)
+    assert got == {"kind": "raw", "payload": '{"x":1}'}
+    assert _args(family, write(kind="json", payload='{"x":1}'), CATCH_ALL) == {"kind": "json", "payload": {"x": 1}}
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+@pytest.mark.parametrize("kind_first", [True, False])
+def test_glm_root_union_quoted_discriminator_is_its_text(family, write, kind_first):
+    # vLLM reads a parameter only a root union declares as untyped JSON, SGLang unquotes a string parameter's JSON
+    # string: both give the discriminator raw, so the catch-all branch keeps the payload's text
+    pairs = [("kind", '"raw"'), ("payload", '{"x":1}')]
+    got = _args(family, write(**dict(pairs if kind_first else pairs[::-1])), CATCH_ALL)
+    assert got == {"kind": "raw", "payload": '{"x":1}'}
+
+
+def test_qwen3_coder_root_union_quoted_discriminator_stays_text_as_vllm_reads_it():
+    got = _args("qwen3_coder", _qwen(kind='"raw"', payload="abc"), CATCH_ALL)
+    assert got == {"kind": '"raw"', "payload": "abc"}  # no branch fits: the schema check reports it
+
+
+NULLABLE_TEXT = [{"type": ["string", "null"]}, {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                 {"enum": ["value", None], "type": ["string", "null"]}]
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+@pytest.mark.parametrize("spec", NULLABLE_TEXT)
+def test_glm_nullable_string_keeps_null_as_text_as_vllm_does(family, write, spec):
+    # vLLM's GLM parsers read a parameter whose types are a string (and null) verbatim; SGLang's GLM-4.7 detector
+    # reads null there: toolgym follows vLLM
+    params = {"type": "object", "properties": {"s": spec, "u": {}}}
+    assert _args(family, write(s="null", u="null"), params) == {"s": "null", "u": None}
+    assert _args(family, write(s='"null"', u='"null"'), params) == {"s": '"null"', "u": "null"}
+
+
+ESCAPED = '"\\C|\\."'  # a quoted value with escapes JSON does not know
+
+
+@pytest.mark.parametrize(("family", "write"), FAMILIES)
+@pytest.mark.parametrize("warning_filter", ["default", "error"])
+def test_unknown_escape_reads_the_same_under_any_warning_filter(family, write, warning_filter):
+    import warnings
+
+    params = {"type": "object", "properties": {"s": {"type": "string"}, "t": {"type": ["string", "null"]}}}
+    if family != "qwen3_coder":
+        params["properties"]["t"] = {}  # GLM: an untyped parameter reads JSON, then a Python literal
+    with warnings.catch_warnings():
+        warnings.simplefilter(warning_filter)
+        got = _args(family, write(s=ESCAPED, t=ESCAPED), params)
+    # a string parameter keeps its text verbatim (vLLM); the literal reading keeps the unknown escapes, quotes gone
+    assert got == {"s": ESCAPED, "t": "\\C|\\."}
+
+
+@pytest.mark.parametrize(("family", "write"), GLM)
+def test_glm_does_not_coerce_a_quoted_number_and_the_schema_check_refuses_it(family, write):
+    from toolgym.format.families.schema_types import validates
+
+    specs = {"n": {"type": "integer"}, "e": {"type": "integer", "enum": [1, 2]}}
+    got = _args(family, write(n='"42"', e='"2"'), {"type": "object", "properties": specs})
+    # vLLM reads the JSON string and coerces nothing (SGLang's GLM-4.7 detector makes 42 and 2 of them)
+    assert got == {"n": "42", "e": "2"}
+    assert not any(validates(got[k], specs[k]) for k in specs)  # invalid_arguments, never another call
+    assert _args(family, write(n="42", e="2"), {"type": "object", "properties": specs}) == {"n": 42, "e": 2}
+
+
+@pytest.mark.parametrize("family", ["glm45", "glm47"])
+def test_glm_call_without_separator_after_the_name_is_made(family):
+    # vLLM's glm4_moe test_extract_tool_call_without_newline_after_name: a call (SGLang's glm4_moe finds none)
+    text = "<tool_call>f<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>n</arg_key><arg_value>3</arg_value></tool_call>"
+    assert _args(family, text, {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}}) \
+        == {"city": "Paris", "n": 3}

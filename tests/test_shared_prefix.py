@@ -1,4 +1,4 @@
-"""Shared-prefix GRPO training (:mod:`trainers.grpo.shared_prefix`): the rows of a micro-batch that share a prompt,
+"""Shared-prefix GRPO training (:mod:`trainers.grpo.prompt_packing`): the rows of a micro-batch that share a prompt,
 packed into one row, give the per-token log-probabilities and gradients of TRL's unshared computation.
 
 The embedded model (SmolLM2-135M, float32) on real-looking micro-batches: groups of completions of different
@@ -153,7 +153,7 @@ def _assert_same(trainer, inputs, logp_tol: float = LOGP_TOL, grad_tol: float = 
 def test_pack_lays_out_one_row_per_prompt_with_each_completion_seeing_only_the_prompt_and_itself():
     import torch
 
-    from trainers.grpo.shared_prefix import pack, prompt_groups
+    from trainers.grpo.prompt_packing import pack, prompt_groups
 
     # prompts [5, 6, 7] (two rows) and [9, 7] (one row); completion widths 3
     ids = torch.tensor([[5, 6, 7, 1, 2, 0], [0, 9, 7, 3, 0, 0], [5, 6, 7, 4, 8, 2]])

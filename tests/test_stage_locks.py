@@ -1,4 +1,4 @@
-"""Experiment stages run under a per-stage lock (``benchmarks.stages``): two processes that share an output
+"""Experiment stages run under a per-stage lock (``benchmarks.common.stages``): two processes that share an output
 directory never compute one stage at once, a killed holder leaves nothing locked, and a process that waited for a
 stage finds it finished and skips it."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _HOLDER = """
 import sys, time
 sys.path.insert(0, {root!r})
-from benchmarks.stages import stage_lock
+from benchmarks.common.stages import stage_lock
 with stage_lock({path!r}) as held:
     print("held" if held else "not held", flush=True)
     time.sleep(600)
@@ -31,7 +31,7 @@ def _hold_in_another_process(path: Path) -> subprocess.Popen:
 
 
 def test_a_lock_held_by_another_process_is_refused_and_freed_when_that_process_is_killed(tmp_path: Path) -> None:
-    from benchmarks.stages import stage_lock
+    from benchmarks.common.stages import stage_lock
 
     path = tmp_path / "out" / "grpo-seed0-abc.lock"
     holder = _hold_in_another_process(path)
@@ -51,10 +51,10 @@ def test_a_lock_held_by_another_process_is_refused_and_freed_when_that_process_i
 
 
 def test_a_training_stage_finished_while_a_process_waited_is_skipped(tmp_path: Path, capsys) -> None:
-    """``benchmarks/bfcl.py``'s warm start waits for another holder of its stage, then finds the stage finished
+    """``benchmarks/bfcl/``'s warm start waits for another holder of its stage, then finds the stage finished
     and returns without training or writing anything."""
-    from benchmarks.bfcl import _warmstart_stage
-    from benchmarks.stages import Stage
+    from benchmarks.bfcl.compute import _warmstart_stage
+    from benchmarks.common.stages import Stage
 
     spec = {"out": str(tmp_path / "out"), "results": str(tmp_path / "results"), "name": "warmstart-seed0",
             "config": {"seed": 0, "steps": 1}, "rematerialise": False, "threads": 1, "device": "cpu"}
@@ -87,7 +87,7 @@ def test_a_training_stage_finished_while_a_process_waited_is_skipped(tmp_path: P
 
 
 def test_claim_each_takes_the_free_stages_first_and_waits_for_a_held_one_last(tmp_path: Path) -> None:
-    from benchmarks.stages import claim_each, stage_lock
+    from benchmarks.common.stages import claim_each, stage_lock
 
     paths = [tmp_path / f"eval-{c}.lock" for c in "abc"]
     holder = _hold_in_another_process(paths[0])

@@ -22,12 +22,16 @@ violation; the tests fail on any). The numbers are design.md's:
    ``Config`` dataclass whose fields all carry ``metadata["help"]`` and a ``run`` function taking the config, and
    reading a ``Config`` imports neither torch nor TRL (this one imports the modules, in a fresh interpreter);
 9. shipped text describes the software, not its development diary: no file name or content under
-   :data:`SHIPPED` names a numbered work session or issue, or the current work session (:data:`HISTORY`);
+   :data:`SHIPPED` names a numbered work session or issue, or the current work session, or dates the software
+   against an earlier state of itself (:data:`HISTORY`), and every file name says its subject, not its age
+   (:data:`NOT_BY_SUBJECT`);
 10. the written map is the tree: the module map (``docs/concepts.md#where-things-live`` and the layout of
     ``docs/design.md``) names every module of ``toolgym/`` and ``trainers/`` and names no file that is not there,
-    and every repository path and dotted ``toolgym``/``trainers`` name in ``docs/*.md`` exists.
+    and every repository path and dotted ``toolgym``/``trainers`` name in ``docs/*.md`` exists;
+11. an env's parts live where ``docs/extending.md#where-an-envs-parts-live`` says: ``toolgym/data/`` holds only
+    what two parts read, and an env package under ``toolgym/envs/`` has ``env.py`` and ``data.py``.
 
-Rules 1-7 and 10 are checked with :mod:`ast` only (nothing is imported), so the check is fast and cannot be fooled
+Rules 1-7, 10 and 11 are checked with :mod:`ast` only (nothing is imported), so the check is fast and cannot be fooled
 by import-time side effects.
 """
 
@@ -58,7 +62,8 @@ FORBIDDEN: tuple[tuple[str, tuple[str, ...]], ...] = (("toolgym", ("trl", "vllm"
 #: above it. Same order as the package map in docs/concepts.md.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
-     "toolgym.checkpoint", "toolgym.weights", "toolgym.precision", "toolgym.console", "toolgym.placement"),
+     "toolgym.checkpoint", "toolgym.weights", "toolgym.precision", "toolgym.console", "toolgym.placement",
+     "toolgym.images"),
     ("toolgym.models",),
     ("toolgym.tools",),
     ("toolgym.trajectory",),
@@ -417,10 +422,28 @@ def contract_violations() -> list[str]:
 
 #: rule 9: what a user reads (file names and contents); the repository's own text files only.
 SHIPPED = ("README.md", "Makefile", "pyproject.toml", ".gitignore", "docs", "toolgym", "trainers", "benchmarks",
-           "examples", "tests", ".ci")
+           "deploy", "examples", "tests", ".ci")
 #: rule 9: work-diary wording. "session" alone is a protocol word (an MCP or HTTP session) and "round N" an RFT/DPO
 #: round, so only a numbered session or issue, or a work session named by its place ("this", "first" ...), counts.
-HISTORY = re.compile(r"(?<![a-z])(?:sessions?|issues?)[ _-]?#?\d+|\b(?:this|first|second|third|previous|last|next|earlier)\s+session\b", re.IGNORECASE)
+#: Besides: text that dates the software against an earlier state of itself (the loss "as it is today", fixes named
+#: for when they were met, a protocol another one replaced, the previous or old code, a name that changed). Left alone: a
+#: chat template stamping the day's date, a quoted or backticked name (a state key such as ``"superseded"``), a file
+#: renamed into place (an atomic write). The words count inside identifiers too (a test function's name).
+HISTORY = re.compile(
+    r"(?<![a-z])(?:sessions?|issues?)[ _-]?#?\d+"
+    r"|\b(?:this|first|second|third|previous|last|next|earlier)\s+session\b"
+    r"|(?<![a-z])today'?s(?![a-z])(?!\s+date)"
+    r"|(?<![a-z])first[ _-]contact(?![a-z])"
+    r"|(?<![a-z`'\"])supersed(?:e|es|ed|ing)(?![a-z`'\"])"
+    r"|(?<![a-z])previous(?:ly)(?![a-z])"
+    r"|\bprevious\s+(?:private|code|implementation|version|release|behaviou?r)\b"
+    r"|\bthe\s+old\s+(?:code|implementation|version|behaviou?r)\b"
+    r"|\b(?:was|were|has\s+been|have\s+been)\s+renamed\b(?!\s+into)",
+    re.IGNORECASE)
+#: rule 9: file and module names by subject, not by when they were written: a name part (between ``_``, ``-``,
+#: ``.`` or ``/``) that says only "newer", "old", "others" ... (``tests/test_families_newer.py``) names no subject.
+NOT_BY_SUBJECT = re.compile(r"(?:^|[/_.-])(?:new|newer|newest|old|older|legacy|latest|misc|extra|more|others?|"
+                            r"tmp|temp|fixed|final|copy|backup)(?=[/_.-])", re.IGNORECASE)
 _TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".json", ".jsonl", ".txt", ".html", ".js", ".css", ".cfg",
                   ".ini", ".sh", ".jinja", ".j2", ""}
 
@@ -446,7 +469,7 @@ def history_mentions(root: Path | None = None) -> list[str]:
     out = []
     for path in shipped_files(root):
         rel = path.relative_to(root).as_posix()
-        if HISTORY.search(rel):
+        if HISTORY.search(rel) or NOT_BY_SUBJECT.search(rel):
             out.append(f"{rel}: file name")
         try:
             text = path.read_text(encoding="utf-8")
@@ -458,11 +481,35 @@ def history_mentions(root: Path | None = None) -> list[str]:
     return out
 
 
+def env_layout(files: dict[str, Path] | None = None) -> list[str]:
+    """Rule 11, where an env's parts live (``docs/extending.md#where-an-envs-parts-live``): each module of
+    ``toolgym/data/`` (a ``build_*`` script aside: it builds its data module's file) is imported by at least two
+    modules outside ``toolgym/data/``, else it belongs in the one env that reads it; each package under
+    ``toolgym/envs/`` is an env with internals, with ``env.py`` and ``data.py``."""
+    files = files if files is not None else modules()
+    readers: dict[str, set[str]] = {}
+    for imp in imports(files):
+        target = _own(imp.target, files)
+        if target and target.startswith("toolgym.data.") and not imp.source.startswith("toolgym.data"):
+            readers.setdefault(target, set()).add(imp.source)
+    out = []
+    for mod in sorted(files):
+        short = mod.rpartition(".")[2]
+        if mod.startswith("toolgym.data.") and not short.startswith("build_") and len(readers.get(mod, ())) < 2:
+            out.append(f"{files[mod].relative_to(ROOT)}: read only by {sorted(readers.get(mod, ())) or 'nothing'} "
+                       "outside toolgym/data/: it belongs in that env's module")
+        if mod.count(".") == 2 and mod.startswith("toolgym.envs.") and _is_package(mod, files):
+            missing = [f"{n}.py" for n in ("env", "data") if f"{mod}.{n}" not in files]
+            if missing:
+                out.append(f"{files[mod].parent.relative_to(ROOT)}/: an env package without {', '.join(missing)}")
+    return out
+
+
 #: rule 10: the module map, (page, first heading, the heading after it) of each of its sections
 MAP_SECTIONS = (("docs/concepts.md", "## Where things live", "## Tokens"),
                 ("docs/design.md", "## The layout", "## The rules of the layout"))
 #: rule 10: the repository's folders a path in the docs may start with
-REPO_DIRS = ("toolgym", "trainers", "tests", "benchmarks", "examples", "docs")
+REPO_DIRS = ("toolgym", "trainers", "tests", "benchmarks", "deploy", "examples", "docs")
 _MAP_FILE = re.compile(r"(?<![\w/.*-])((?:[\w-]+/)*[\w-]+\.py)\b")
 _MAP_DIR = re.compile(r"(?<![\w/.-])([A-Za-z_]\w*)/(?![\w-])")
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
@@ -550,6 +597,38 @@ def docs_dangling_names(files: dict[str, Path] | None = None, root: Path | None 
     return out
 
 
+def test_each_env_part_lives_where_the_rule_says() -> None:
+    assert env_layout() == []
+
+
+def test_env_layout_sees_a_data_module_only_one_env_reads(tmp_path: Path) -> None:
+    """Rule 11 on a synthetic tree: a data module with one reader and an env package without ``data.py`` are
+    refused; a data module two parts read and a build script are not."""
+    tg = tmp_path / "toolgym"
+    for d in ("data", "envs", "envs/big", "serve"):
+        (tg / d).mkdir(parents=True)
+        (tg / d / "__init__.py").write_text("")
+    (tg / "__init__.py").write_text("")
+    (tg / "data" / "shared.py").write_text("X = 1\n")
+    (tg / "data" / "lonely.py").write_text("Y = 1\n")
+    (tg / "data" / "build_shared.py").write_text("")
+    (tg / "envs" / "a.py").write_text("from toolgym.data.shared import X\nfrom toolgym.data import lonely\n")
+    (tg / "serve" / "b.py").write_text("def f():\n    from toolgym.data.shared import X\n")
+    (tg / "envs" / "big" / "env.py").write_text("")
+    files = {"toolgym": tg / "__init__.py"}
+    for f in sorted(tg.rglob("*.py")):
+        parts = list(f.relative_to(tmp_path).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    global ROOT
+    old, ROOT = ROOT, tmp_path
+    try:
+        assert env_layout(files) == [
+            "toolgym/data/lonely.py: read only by ['toolgym.envs.a'] outside toolgym/data/: it belongs in that env's "
+            "module", "toolgym/envs/big/: an env package without data.py"]
+    finally:
+        ROOT = old
+
+
 def test_the_module_map_names_every_module() -> None:
     assert map_gaps() == []
 
@@ -613,6 +692,29 @@ def test_history_check_sees_numbered_sessions_and_issues(tmp_path: Path) -> None
                                                     f"tests/test_{word}_3.py"]
 
 
+def test_history_check_sees_dated_wording_and_names_not_by_subject(tmp_path: Path) -> None:
+    """The wording check finds text that dates the software against an earlier state of itself, and file names
+    that say when rather than what; it leaves the same words alone where they describe the software."""
+    tod, sup, prev, fc = "to" + "day's", "super" + "seded", "previ" + "ously", "first" + "-contact"
+    bad = [f"the loss is exactly {tod}", f"{fc.title()} fixes", f"Version 2 {sup[:-1]}s it", f"{prev} it raised",
+           "what its previ" + "ous private `_tasks` drew", "keeps the o" + "ld code as the reference",
+           "the module was re" + "named", f"def test_outcome_is_{tod.replace(chr(39), '')}_loss():"]
+    ok = [f"llama3_2.jinja stamps {tod} date", f"records move to `{sup}`", f'state["{sup}"] lists them',
+          "the previous turn's results", "a reader sees the old file or the new one",
+          "written to a temporary file renamed into place", "a format newer than this reader",
+          "close no longer closes it"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("\n".join(ok + bad) + "\n")
+    (tmp_path / "tests" / "cases").mkdir(parents=True)
+    for name in ("test_families_" + "newer.py", "cases/oth" + "ers.py", "test_newline.py", "test_oldest_first.py",
+                 "cases/qwen_llama_openai.py"):
+        (tmp_path / "tests" / name).write_text("")
+    found = history_mentions(tmp_path)
+    lines = [f"docs/a.md:{n}" for n in range(len(ok) + 1, len(ok) + len(bad) + 1)]
+    assert [f.split(": ")[0] for f in found] == [*lines, "tests/cases/oth" + "ers.py",
+                                                 "tests/test_families_" + "newer.py"]
+
+
 def test_checker_sees_violations(tmp_path: Path) -> None:
     """The checker itself finds each kind of violation in a small synthetic tree."""
     a = tmp_path / "pkg" / "a.py"
@@ -673,16 +775,18 @@ _TOY_ALGORITHM = '''"""Oracle episodes and their mean reward (``toolgym train to
 
 from dataclasses import dataclass
 
-from trainers.contract import RunResult
+from trainers.contract import EnvConfig, RunResult
 from trainers.runconfig import opt
 
 
 @dataclass
-class Config:
-    """Oracle episodes: config file keys = these fields."""
+class Config(EnvConfig):
+    """Oracle episodes: config file keys = these fields and EnvConfig's."""
 
-    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id to play")
+    # Parameters that control the episodes
     episodes: int = opt(4, "episodes played by the env's oracle")
+
+    # Parameters that control the output
     output_dir: str = opt("runs/toy_stats", "where the run writes")
 
 
@@ -692,7 +796,7 @@ def run(config: Config, **extras) -> RunResult:
     import toolgym  # noqa: F401  (registers the envs)
     from toolgym.rollout import RolloutDriver, ScriptedPolicy
 
-    venv = gym.make_vec(config.env_id, num_envs=config.episodes)
+    venv = gym.make_vec(config.env_id, num_envs=config.episodes, **config.env_kwargs)
     try:
         trajs = RolloutDriver(venv, ScriptedPolicy(lambda s: s.env.oracle(s))).run([None] * config.episodes)
     finally:
@@ -713,7 +817,7 @@ def test_the_new_algorithm_recipe_passes_the_checks(tmp_path: Path) -> None:
     import subprocess
 
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
-    for name in ("toolgym", "trainers", "docs", "tests", "benchmarks", "examples"):
+    for name in ("toolgym", "trainers", "docs", "tests", "benchmarks", "deploy", "examples"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=skip)
 
     def problems() -> list[str]:
@@ -755,7 +859,8 @@ def test_the_new_algorithm_recipe_passes_the_checks(tmp_path: Path) -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr
     names, fields, usage = out.stdout.split("\n", 2)
-    assert "'toy_stats'" in names and fields == "['env_id', 'episodes', 'output_dir']"
+    assert "'toy_stats'" in names and fields == ("['model', 'dtype', 'threads', 'env_id', 'env_kwargs', 'episodes', "
+                                                "'output_dir']")
     assert "  toy_stats " in usage and "Oracle episodes and their mean reward" in usage
     dry = subprocess.run([sys.executable, "-m", "trainers.cli", "toy_stats", "--dry-run", "--episodes", "2"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
@@ -763,12 +868,13 @@ def test_the_new_algorithm_recipe_passes_the_checks(tmp_path: Path) -> None:
     import json
 
     assert json.loads(dry.stdout) == {"algorithm": "toy_stats", "config": {
-        "env_id": "toolgym/Calculator-v0", "episodes": 2, "output_dir": "runs/toy_stats"}}
+        "model": None, "dtype": "float32", "threads": 0, "env_id": "toolgym/Calculator-v0", "env_kwargs": {},
+        "episodes": 2, "output_dir": "runs/toy_stats"}}
 
 
 if __name__ == "__main__":
     problems = (long_files() + [" -> ".join(c) for c in cycles()] + private_imports() + forbidden_imports()
                 + layering() + entry_point_imports() + dynamic_trainers_imports() + wing_violations()
-                + map_gaps() + docs_dangling_names() + contract_violations() + history_mentions())
+                + map_gaps() + docs_dangling_names() + contract_violations() + history_mentions() + env_layout())
     print("\n".join(problems) or "structure ok")
     sys.exit(1 if problems else 0)

@@ -1,5 +1,5 @@
 """Task drawing (toolgym/evaluation/tasks.py): one function for the demo, GRPO, RFT and DPO, the same order as ``toolgym eval``'s
-selection, and the demo's held-out tasks unchanged (its documented numbers were measured on them)."""
+selection, and the demo's tasks equal to a direct seeded draw (its documented numbers were measured on them)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ CALC = "toolgym/Calculator-v0"
 ECHO = "tests.eval_env:EvalEcho-v0"
 
 
-def _old_demo_tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
-    """trainers/demo/__init__.py's ``_tasks`` before the drawing was shared (kept here as the reference, verbatim)."""
+def _direct_demo_draw(split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    """The demo's tasks drawn directly: ``n`` distinct rows of one seeded Calculator generator, in draw order (the
+    reference :func:`draw_tasks` must reproduce)."""
     rng = np.random.default_rng(seed)
     rows: dict[str, dict[str, Any]] = {}
     while len(rows) < n:
@@ -35,7 +36,7 @@ def kw() -> dict[str, Any]:
     return {"tokenizer": load_tokenizer()}
 
 
-def test_the_demo_draws_exactly_the_tasks_it_always_drew(kw: dict[str, Any]) -> None:
+def test_the_demo_draws_the_direct_seeded_tasks(kw: dict[str, Any]) -> None:
     import yaml
 
     cfg = yaml.safe_load((ROOT / "trainers" / "configs" / "demo_cpu.yaml").read_text())
@@ -45,7 +46,7 @@ def test_the_demo_draws_exactly_the_tasks_it_always_drew(kw: dict[str, Any]) -> 
     got = {}
     for split, n, seed in draws:
         got[split, seed] = draw_tasks(CALC, n, seed=seed, split=split, env_kwargs=kw)
-        assert got[split, seed] == _old_demo_tasks(split, n, seed)  # same rows, same order
+        assert got[split, seed] == _direct_demo_draw(split, n, seed)  # same rows, same order
         assert len({t["id"] for t in got[split, seed]}) == n
     held_out = {t["id"] for t in got["test", cfg["eval_seed"]]}
     assert not held_out & {t["id"] for (split, _), rows in got.items() if split == "train" for t in rows}

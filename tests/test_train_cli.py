@@ -122,6 +122,31 @@ def test_every_algorithm_resolves_without_a_file_and_lists_its_fields(capsys):
     assert cli.main(["--help"]) == 0 and "reward_model" in capsys.readouterr().out
 
 
+def test_every_algorithm_config_extends_the_base_and_restates_none_of_it(capsys):
+    """Every ``Config`` subclasses ``trainers.contract.BaseConfig`` (those that roll out: ``EnvConfig``) and
+    declares none of its fields again, so ``model``, ``dtype``, ``threads``, ``env_id``, ``env_kwargs`` and their
+    help have one definition; a shared field set on the command line reaches each algorithm's config."""
+    from trainers.contract import BaseConfig, EnvConfig
+
+    shared = {f.name for f in dataclasses.fields(EnvConfig)}
+    for name in ALGORITHMS:
+        cls = ALGORITHMS[name].Config
+        assert issubclass(cls, BaseConfig), name
+        base = EnvConfig if issubclass(cls, EnvConfig) else BaseConfig
+        restated = sorted(shared & {n for k in cls.__mro__ if k not in (BaseConfig, EnvConfig, object)
+                                    for n in getattr(k, "__annotations__", {})})
+        assert restated == [], f"{name} restates {restated}"
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for f in dataclasses.fields(base):
+            assert fields[f.name].metadata["help"] == f.metadata["help"]
+        section = "toolgym." if name in ("grpo", "sft") else ""
+        trl = ("--use_cpu", "true", "--bf16", "false") if name in ("grpo", "sft") else ()
+        out = _dry(capsys, name, *trl, f"--{section}dtype", "bfloat16", f"--{section}threads", "3")
+        cfg = out["config"][section.rstrip(".")] if section else out["config"]
+        assert (cfg["dtype"], cfg["threads"]) == ("bfloat16", 3)
+    assert not issubclass(ALGORITHMS["reward_model"].Config, EnvConfig)  # it reads trajectory files, runs no env
+
+
 def test_run_is_called_with_the_resolved_config(monkeypatch, capsys, tmp_path):
     """``toolgym train NAME`` resolves the Config and calls the module's ``run`` with it, nothing else."""
     from trainers.contract import RunResult

@@ -151,7 +151,7 @@ def test_turn_metrics_and_trajectory_rows_carry_each_turns_advantage(turn_batch)
         assert len(row["turn_advantages"]) == len(row["turns"]) == len(t.turns)
 
 
-def test_outcome_is_todays_advantage_and_loss(tmp_path):
+def test_outcome_is_trls_advantage_and_loss(tmp_path):
     import torch
 
     trainer, rollout, tasks = make_trainer(tmp_path, advantage="outcome")

@@ -1,6 +1,6 @@
 """ToolVectorEnv's garbage-collector handling (``manage_gc``): the collector is paused inside steps and resets by
 default and back on after them, left alone with ``manage_gc=False``, and the results are the same either way.
-Not timed: ``benchmarks/vector_step.py --scale`` measures what it buys."""
+Not timed: ``python -m benchmarks.vector_step --scale`` measures what it buys."""
 
 from __future__ import annotations
 

@@ -66,6 +66,7 @@ def _train(tmp_path, *, skip: bool, loss_type: str = "dapo"):
     trainer.args.max_steps = 2
     trainer.model.double()  # float64: regrouping changes the micro-batches' shapes, and so float32's rounding
     trainer.skip_zero_advantage = skip and skippable(trainer)
+    trainer.no_signal.enabled = False  # every step reaches the optimizer (trainers/grpo/no_signal.py would skip step 2)
     rollout.policy.steps = lambda i, task: [99, 1, 2, 0, 99, 99, 99, 99][i] if trainer.state.global_step == 0 else 99
     grads: list[dict[str, torch.Tensor | None]] = []
 

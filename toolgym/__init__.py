@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolgym.envs.registration import register_envs
+from toolgym.images import Image, ImageError, ImageLimits
 from toolgym.tools.base import Tool, ToolCall, ToolError, ToolErrorKind, ToolResult
 from toolgym.tools.executor import ToolCache, ToolExecutor
 from toolgym.tools.function import FunctionTool, tool
@@ -17,6 +18,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FunctionTool",
+    "Image",
+    "ImageError",
+    "ImageLimits",
     "Score",
     "Tool",
     "ToolCache",

@@ -143,18 +143,37 @@ def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | No
 
 
 def save_checkpoint(model: Any, tokenizer: Any, path: str | os.PathLike[str], *, chat_template: str | None = None,
-                    run_settings: Mapping[str, Any] | None = None) -> Path:
-    """Save ``model`` and a copy of ``tokenizer`` (with ``chat_template`` if given) in Hugging Face format, so
-    ``toolgym.models.load_model(path)`` loads both. The shared tokenizer object is not mutated.
+                    run_settings: Mapping[str, Any] | None = None, main_process: bool = True) -> Path:
+    """Save a trained model and its tokenizer in Hugging Face format, so ``toolgym.models.load_model(path)`` loads
+    both: the one save path of every trained checkpoint (every ``trainers`` algorithm, the demo, the benchmarks).
 
-    ``run_settings``: keyword arguments of :func:`write_run_settings` (``env_id``, ``env_kwargs`` such as the system
-    prompt and chat template, ``max_turn_tokens``, ``eval``), written as ``toolgym_run.json`` so
-    ``toolgym eval --policy path`` renders the prompt the model was trained on. Returns the directory."""
+    Args:
+        model: a bare model (``save_pretrained``) or a Hugging Face / TRL trainer (its ``save_model``, which
+            gathers sharded weights: every process of a multi-process run must call this then).
+        tokenizer: saved as is, or a copy of it with ``chat_template`` (the shared object is not mutated).
+        path: the checkpoint directory (created if missing).
+        chat_template: a chat template the checkpoint's tokenizer carries instead of its own.
+        run_settings: keyword arguments of :func:`write_run_settings` (``env_id``, ``env_kwargs`` such as the
+            system prompt and chat template, ``max_turn_tokens``, ``eval``, ``autocast``), written as
+            ``toolgym_run.json`` so ``toolgym eval --policy path`` renders the prompt the model was trained on.
+        main_process: whether this process writes the files (``False`` on the other ranks of a multi-process
+            run: they only take part in a trainer's ``save_model``).
+
+    Returns:
+        The directory.
+    """
     p = Path(path)
+    save_model = getattr(model, "save_model", None)
+    if save_model is not None:
+        save_model(str(p))  # a trainer: collective, and it writes on the main process only
+    if not main_process:
+        return p
     p.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(p), safe_serialization=True)
-    tok = copy.deepcopy(tokenizer)
+    if save_model is None:
+        model.save_pretrained(str(p))
+    tok = tokenizer
     if chat_template is not None:
+        tok = copy.deepcopy(tokenizer)
         tok.chat_template = chat_template
     tok.save_pretrained(str(p))
     if run_settings is not None:

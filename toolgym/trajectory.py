@@ -13,6 +13,11 @@ in the rows and ignored by :meth:`Trajectory.from_dict`. A key that is present m
 ``loss_mask`` / ``logprobs`` must be as long as ``completion_ids``; a bad row is a :class:`TrajectoryFormatError`
 naming the field (``turns[1].results[0].error_kind: ...``), and in a file a :class:`TrajectoryFileError` that also
 names ``path:line``.
+
+Images are stored inline: a row with images has an ``images`` table, ``{sha256: {mime_type, width, height, bytes,
+data}}`` with the bytes in base64, each image once per row; tool results and ``prompt_images`` name them by
+:meth:`toolgym.images.Image.ref`. A row is thus a whole episode on its own (docs/multimodal.md says why), and
+reading it back checks each image's bytes against its SHA-256.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from toolgym.errors import InputFileError
+from toolgym.images import Image, ImageError
 from toolgym.jsonl import iter_jsonl, write_jsonl
 from toolgym.tools.base import ToolCall, ToolErrorKind, ToolResult
 
@@ -79,6 +85,9 @@ class Turn:
         calls: parsed calls (malformed ones have ``parse_error``); results: one per call, same order.
         cut: the action hit its token budget without an end-of-turn token; the env closed the turn.
         reward: the process (per-turn) reward of this turn.
+        env_checks: the env's own checks of this turn, ``{name: JSON object}``, written by the env while it answers
+            the turn, for its reward to read (e.g. ``"bfcl"``: BFCL's state and response check of the user turn this
+            turn closed, :class:`toolgym.envs.bfcl.verdict.TurnCheck`). Empty for most envs.
     """
 
     index: int
@@ -94,13 +103,14 @@ class Turn:
     cut: bool = False
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
+    env_checks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def error_kinds(self) -> list[str]:
         return [r.error_kind.value for r in self.results if r.error_kind is not None]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        row = {
             "index": self.index,
             "action_span": [self.action_start, self.action_end],
             "obs_span": [self.obs_start, self.obs_end],
@@ -113,11 +123,16 @@ class Turn:
             "reward": self.reward,
             "reward_components": self.reward_components,
         }
+        if self.env_checks:
+            row["env_checks"] = self.env_checks
+        return row
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any], position: int = 0) -> Turn:
         """The turn of a :meth:`to_dict` row (validated; missing optional keys take their defaults, ``index``
-        defaults to ``position``). Raises :class:`TrajectoryFormatError` naming the field."""
+        defaults to ``position``). Raises :class:`TrajectoryFormatError` naming the field. A turn row names its
+        results' images without their bytes (those are in the trajectory row's ``images`` table): the results
+        rebuilt here have no images; :meth:`Trajectory.from_dict` restores them."""
         _check_turn(row, "turn")
         return _turn(row, position)
 
@@ -139,6 +154,7 @@ class Trajectory:
         terminated / truncated: how the episode ended.
         drift: ``{}`` when ``prompt_ids + completion_ids`` equal the chat template's tokens for ``messages``;
             otherwise the first differing index and the token windows around it.
+        prompt_images: the task's images (shown before the first user text; ``task["images"]`` holds their refs).
         errors: ``{kind: message}`` faults of the episode that are not the model's: ``prompt_too_long`` (the prompt
             alone fills the token budget; the episode ends truncated before any turn), ``reward_timeout``,
             ``reward_exception``, ``reward_non_finite`` (the reward could not score; the episode scores 0). Empty
@@ -158,6 +174,7 @@ class Trajectory:
     truncated: bool = False
     drift: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    prompt_images: list[Image] = field(default_factory=list)
 
     @property
     def reward(self) -> float:
@@ -193,9 +210,19 @@ class Trajectory:
     def error_kinds(self) -> list[str]:
         return [k for t in self.turns for k in t.error_kinds]
 
+    @property
+    def images(self) -> list[Image]:
+        """Every image of the episode, each once, in order of appearance: the prompt's, then the tool results'."""
+        seen: dict[str, Image] = {}
+        for img in [*self.prompt_images, *(img for r in self.tool_results for img in r.images)]:
+            seen.setdefault(img.sha256, img)
+        return list(seen.values())
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (one JSONL line of a trajectory file)."""
-        return {
+        """A JSON-serialisable dict (one JSONL line of a trajectory file). An episode with images also has
+        ``"images"``: ``{sha256: Image.to_json()}``, each image's bytes once, in base64 (results and
+        ``"prompt_images"`` name them by ref)."""
+        row = {
             "task": self.task,
             "prompt_ids": list(self.prompt_ids),
             "completion_ids": list(self.completion_ids),
@@ -212,6 +239,11 @@ class Trajectory:
             "errors": dict(self.errors),
             "messages": self.messages,
         }
+        if self.prompt_images:
+            row["prompt_images"] = [img.ref() for img in self.prompt_images]
+        if images := self.images:
+            row["images"] = {img.sha256: img.to_json() for img in images}
+        return row
 
     @classmethod
     def from_dict(cls, row: Mapping[str, Any]) -> Trajectory:
@@ -226,12 +258,13 @@ class Trajectory:
         """
         check_trajectory_row(row)
         lp = row.get("logprobs")
+        table = _image_table(row)
         return cls(
             prompt_ids=list(row.get("prompt_ids") or []),
             completion_ids=list(row["completion_ids"]),
             loss_mask=list(row["loss_mask"]),
             logprobs=None if lp is None else [float(x) for x in lp],
-            turns=[_turn(t, i) for i, t in enumerate(row["turns"])],
+            turns=[_turn(t, i, table) for i, t in enumerate(row["turns"])],
             messages=[dict(m) for m in row.get("messages") or []],
             task=dict(row.get("task") or {}),
             outcome_reward=float(row.get("outcome_reward", 0.0)),
@@ -240,6 +273,7 @@ class Trajectory:
             truncated=bool(row.get("truncated", False)),
             drift=dict(row.get("drift") or {}),
             errors=dict(row.get("errors") or {}),
+            prompt_images=[table[ref["sha256"]] for ref in row.get("prompt_images") or []],
         )
 
     def clip(self, max_tokens: int | None) -> Trajectory:
@@ -313,6 +347,7 @@ def _check_result(res: Any, where: str) -> None:
     if "attempts" in res and type(res["attempts"]) is not int:
         raise _bad(f"{where}.attempts", f"expected an int, got {_kind(res['attempts'])}")
     _check_type(res, "cached", bool, f"{where}.", "a boolean")
+    _check_refs(res, f"{where}.")
 
 
 def _check_turn(turn: Any, where: str) -> None:
@@ -335,6 +370,7 @@ def _check_turn(turn: Any, where: str) -> None:
     if "reward" in turn and not _is_num(turn["reward"]):
         raise _bad(f"{where}.reward", f"expected a number, got {_kind(turn['reward'])}")
     _check_type(turn, "reward_components", Mapping, f"{where}.", "an object")
+    _check_type(turn, "env_checks", Mapping, f"{where}.", "an object")
 
 
 _DRIFT_INTS = ("index", "built_len", "expected_len")
@@ -357,6 +393,46 @@ def _check_drift(drift: Mapping[str, Any]) -> None:
         else:
             raise _bad(f"drift.{key}", "unknown key (a drift record holds index, built, expected, built_text, "
                        "expected_text, built_len, expected_len, error)")
+
+
+def _check_refs(row: Mapping[str, Any], where: str, key: str = "images") -> None:
+    """``row[key]``, when present, is a list of image refs (objects with a ``sha256`` string)."""
+    refs = row.get(key, [])
+    if not isinstance(refs, list):
+        raise _bad(f"{where}{key}", f"expected a list, got {_kind(refs)}")
+    for i, ref in enumerate(refs):
+        if not (isinstance(ref, Mapping) and isinstance(ref.get("sha256"), str)):
+            raise _bad(f"{where}{key}[{i}]", "expected an image ref (an object with a sha256)")
+
+
+def _check_image_table(row: Mapping[str, Any]) -> None:
+    """The row's ``images`` table holds an entry for every ref of its results and ``prompt_images``."""
+    table = row.get("images", {})
+    if not isinstance(table, Mapping):
+        raise _bad("images", f"expected an object (sha256 -> image), got {_kind(table)}")
+    for sha, entry in table.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("data"), str) \
+                or not isinstance(entry.get("mime_type"), str) \
+                or not all(type(entry.get(k)) is int for k in ("width", "height")):
+            raise _bad(f"images.{sha}", "expected {mime_type, width, height, data (base64)}")
+    _check_refs(row, "", "prompt_images")
+    refs = [("prompt_images", r) for r in row.get("prompt_images") or []] + [
+        (f"turns[{i}].results[{j}].images", ref) for i, t in enumerate(row["turns"])
+        for j, res in enumerate(t.get("results") or []) for ref in res.get("images") or []]
+    for where, ref in refs:
+        if ref["sha256"] not in table:
+            raise _bad(where, f"image {ref['sha256']} is not in the row's images table")
+
+
+def _image_table(row: Mapping[str, Any]) -> dict[str, Image]:
+    """The decoded ``images`` table of a checked row; an entry whose bytes do not hash to its key is an error."""
+    out: dict[str, Image] = {}
+    for sha, entry in (row.get("images") or {}).items():
+        try:
+            out[sha] = Image.from_json({**entry, "sha256": sha})
+        except ImageError as e:
+            raise _bad(f"images.{sha}", e.message) from None
+    return out
 
 
 def check_trajectory_row(row: Any) -> None:
@@ -387,6 +463,7 @@ def check_trajectory_row(row: Any) -> None:
         raise _bad("turns", f"expected a list, got {_kind(row['turns'])}")
     for i, t in enumerate(row["turns"]):
         _check_turn(t, f"turns[{i}]")
+    _check_image_table(row)
     for key in ("task", "reward_components", "drift"):
         _check_type(row, key, Mapping, "", "an object")
     if row.get("drift"):
@@ -412,22 +489,24 @@ def _call(d: Mapping[str, Any]) -> ToolCall:
                     id=d.get("id", ""), parse_error=d.get("parse_error"))
 
 
-def _result(d: Mapping[str, Any]) -> ToolResult:
+def _result(d: Mapping[str, Any], table: Mapping[str, Image] | None = None) -> ToolResult:
     kind = d.get("error_kind")
+    images = [table[ref["sha256"]] for ref in d.get("images") or []] if table is not None else []
     return ToolResult(call=_call(d.get("call") or {}), content=d.get("content", ""),
                       error_kind=ToolErrorKind(kind) if kind is not None else None,
                       latency_s=float(d.get("latency_s", 0.0)), attempts=int(d.get("attempts", 0)),
-                      cached=bool(d.get("cached", False)))
+                      cached=bool(d.get("cached", False)), images=images)
 
 
-def _turn(d: Mapping[str, Any], position: int) -> Turn:
+def _turn(d: Mapping[str, Any], position: int, table: Mapping[str, Image] | None = None) -> Turn:
     a0, a1 = d.get("action_span", [0, 0])
     o0, o1 = d.get("obs_span", [0, 0])
     return Turn(index=d.get("index", position), action_start=a0, action_end=a1, obs_start=o0, obs_end=o1,
                 text=d.get("text", ""), content=d.get("content", ""), reasoning=d.get("reasoning", ""),
-                calls=[_call(c) for c in d.get("calls", [])], results=[_result(r) for r in d.get("results", [])],
+                calls=[_call(c) for c in d.get("calls", [])], results=[_result(r, table) for r in d.get("results", [])],
                 cut=d.get("cut", False), reward=float(d.get("reward", 0.0)),
-                reward_components=dict(d.get("reward_components") or {}))
+                reward_components=dict(d.get("reward_components") or {}),
+                env_checks=dict(d.get("env_checks") or {}))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 Each algorithm is one module ``trainers/<name>.py`` or package ``trainers/<name>/`` exporting
 
-* ``Config``: a dataclass whose fields all carry their help text (``metadata={"help": ...}``, TRL's convention);
-  an algorithm built on a TRL trainer has one field named ``trl`` holding that trainer's config fields (its
-  ``metadata["trl_config"]`` names the class, e.g. ``"GRPOConfig"``);
+* ``Config``: a dataclass extending :class:`trainers.contract.BaseConfig` (or ``EnvConfig``, for an algorithm
+  that runs episodes) with only its own fields, each carrying its help text (``metadata={"help": ...}``, TRL's
+  convention); an algorithm built on a TRL trainer has one field named ``trl`` holding that trainer's config
+  fields (its ``metadata["trl_config"]`` names the class, e.g. ``"GRPOConfig"``);
 * ``run(config: Config, **extras) -> RunResult``: train, save, report (:class:`trainers.contract.RunResult`).
 
 :data:`ALGORITHMS` maps the names to those modules, imported on first use (``import trainers`` loads neither torch

@@ -17,16 +17,24 @@ doc)::
 Errors are one line on stderr with an exit code (:class:`toolgym.errors.ExitCode`): ``2`` for an unknown or
 misspelt key (naming the close matches), a value of the wrong type or a config TRL rejects; ``3`` for a config file
 that cannot be read or a missing ``[train]`` extra (TRL/torch not installed); ``1`` for a failure during training
-(``TOOLGYM_DEBUG=1`` re-raises it with its traceback); ``130`` when interrupted.
+(``TOOLGYM_DEBUG=1`` re-raises it with its traceback); ``130`` when interrupted (Ctrl-C, SIGINT); ``143`` when
+terminated (SIGTERM, e.g. ``kill PID`` or a scheduler's stop: raised as :class:`Terminated` in the main thread).
+
+The tracked run (``report_to: mlflow``) ends with the outcome: ``KILLED`` when interrupted or terminated,
+``FAILED`` when training raised, ``FINISHED`` when it completed (MLflow would otherwise close a run still open at
+exit as ``FINISHED``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +53,38 @@ from trainers.runconfig import (  # noqa: E402
     trl_field,
 )
 
-__all__ = ["default_run_name", "load", "main", "usage"]
+__all__ = ["Terminated", "default_run_name", "load", "main", "usage"]
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while training: raised in the main thread so that the run stops as it does on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While training, SIGTERM raises :class:`Terminated` (Python's default would end the process on the spot,
+    with no cleanup). Only from the main thread, and only over the default disposition (a handler someone else
+    installed is kept)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _end_tracked_runs(status: str) -> None:
+    """End the open MLflow run(s) of this process with ``status`` (``KILLED``/``FAILED``); nothing without MLflow."""
+    if "mlflow" in sys.modules:
+        from trainers.tracking import end_active_runs
+
+        end_active_runs(status)
 
 
 def usage() -> str:
@@ -57,7 +96,8 @@ def usage() -> str:
     lines += ["", "--FIELD VALUE overrides any field of the config file, e.g. --max_steps 2 --learning_rate 1e-5",
               "--toolgym.env_id toolgym/SQL-v0 --report_to tensorboard. --dry-run prints the resolved config as JSON.",
               "`toolgym train NAME --help` lists NAME's fields.",
-              "exit codes: 0 ok, 1 training failed, 2 bad key or value, 3 config file unreadable or [train] extra missing."]
+              "exit codes: 0 ok, 1 training failed, 2 bad key or value, 3 config file unreadable or [train] extra missing,",
+              "130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."]
     return "\n".join(lines)
 
 
@@ -176,17 +216,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dry:
             print(json.dumps({"algorithm": name, "config": as_mapping(cfg)}, default=str, sort_keys=True))
             return ExitCode.OK
-        result = ALGORITHMS[name].run(cfg)
+        with _sigterm_raises():
+            result = ALGORITHMS[name].run(cfg)
         where = f", model saved to {result.model_dir}" if result.model_dir else f", outputs in {result.output_dir}"
         print(f"toolgym train {name}: done{where}")
         return ExitCode.OK
     except CLIError as e:
+        _end_tracked_runs("FAILED")
         print(f"toolgym train {name}: error: {e.message}", file=sys.stderr)
         return int(e.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        _end_tracked_runs("KILLED")
+        if isinstance(e, Terminated):
+            print(f"toolgym train {name}: terminated (SIGTERM)", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"toolgym train {name}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception as e:  # noqa: BLE001 - one line for the user; TOOLGYM_DEBUG=1 for the traceback
+        _end_tracked_runs("FAILED")
         if os.environ.get("TOOLGYM_DEBUG", "") not in ("", "0"):
             raise
         print(f"toolgym train {name}: error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)

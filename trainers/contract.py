@@ -1,6 +1,7 @@
-"""What every algorithm of :data:`trainers.ALGORITHMS` shares: :class:`RunResult` (what ``run`` returns) and the
-run preamble (:func:`prepare`: threads and seed; :func:`load_policy`: the model and tokenizer) and its end
-(:func:`save_trained`: the trained model and its tokenizer in one directory).
+"""What every algorithm of :data:`trainers.ALGORITHMS` shares: the fields every ``Config`` extends
+(:class:`BaseConfig`; :class:`EnvConfig` for the algorithms that run episodes), :class:`RunResult` (what ``run``
+returns) and the run preamble (:func:`prepare`: threads and seed; :func:`load_policy`: the model and tokenizer).
+Every trained checkpoint is saved by :func:`toolgym.checkpoint.save_checkpoint`.
 
 The rest of the preamble is elsewhere, once: TRL's log silencing is set in ``trainers/__init__.py`` (it runs
 before any algorithm module), ``sys.path`` for script launches in ``trainers/cli.py`` (the one script entry).
@@ -11,7 +12,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunResult", "load_policy", "prepare", "save_trained"]
+from trainers.runconfig import opt
+
+__all__ = ["BaseConfig", "EnvConfig", "RunResult", "load_policy", "prepare"]
+
+
+@dataclass
+class BaseConfig:
+    """The fields every algorithm's ``Config`` has, as TRL's configs share ``_BaseConfig``: an algorithm's
+    ``Config`` subclasses this (or :class:`EnvConfig`) and declares only its own fields, grouped under
+    ``# Parameters that control ...`` comments. Dataclass inheritance puts these fields first."""
+
+    # Parameters that control the model
+    model: str | None = opt(None, "the model: a directory, hub id or .gguf file; null = the embedded "
+                                  "SmolLM2-135M-Instruct; 'tiny' = a tiny random model (smoke tests)")
+    dtype: str = opt("float32", "weights dtype (float32, bfloat16)")
+
+    # Parameters that control the machine
+    threads: int = opt(0, "torch CPU threads per process (0: torch's default)")
+
+
+@dataclass
+class EnvConfig(BaseConfig):
+    """:class:`BaseConfig` plus the env the episodes run in: the ``Config`` of every algorithm that rolls out
+    (GRPO, SFT, RFT, DPO) subclasses this."""
+
+    # Parameters that control the env
+    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id the episodes run in")
+    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "keyword arguments of the env, e.g. {split: train}, {max_turns: 3}, a retriever URL, template_kwargs"})
 
 
 @dataclass
@@ -57,12 +86,3 @@ def load_policy(model: str | None, *, dtype: str = "float32", seed: int = 0) -> 
         tok = load_tokenizer(None)
         return tiny_random_model(tok, seed=seed), tok
     return load_model(model, dtype=getattr(torch, dtype))
-
-
-def save_trained(saver: Any, tokenizer: Any, output_dir: Any) -> None:
-    """Save a trained model and its tokenizer into ``output_dir`` in Hugging Face format. ``saver`` is a TRL / HF
-    trainer (saved through ``save_model``, which gathers sharded weights on rank 0) or a bare model
-    (``save_pretrained``)."""
-    save = getattr(saver, "save_model", None) or saver.save_pretrained
-    save(str(output_dir))
-    tokenizer.save_pretrained(str(output_dir))

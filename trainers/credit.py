@@ -15,7 +15,7 @@ torch and TRL do); a group of one episode has std 0.
 Estimators (``ESTIMATORS``):
 
 ``outcome``
-    Today's GRPO: ``A[i][k] = (R_i - mean_g R) / (std_g R + EPS)`` for every turn ``k`` -- exactly the per-sequence
+    TRL's GRPO: ``A[i][k] = (R_i - mean_g R) / (std_g R + EPS)`` for every turn ``k`` -- exactly the per-sequence
     advantage TRL 1.16 computes for one reward function with ``multi_objective_aggregation="sum_then_normalize"``
     (``gamma`` is ignored).
 

@@ -36,8 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from toolgym.checkpoint import save_checkpoint
 from toolgym.trajectory import Trajectory
-from trainers.contract import RunResult, save_trained
+from trainers.contract import BaseConfig, RunResult
 from trainers.runconfig import opt
 
 __all__ = [
@@ -118,14 +119,24 @@ def reward_pairs(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def load_reward_base(name_or_path: str | None = None, *, dtype: str = "float32") -> tuple[Any, Any]:
+def load_reward_base(name_or_path: str | None = None, *, dtype: str = "float32", seed: int = 0) -> tuple[Any, Any]:
     """``(AutoModelForSequenceClassification with num_labels=1, tokenizer)`` over a causal LM checkpoint
-    (``None``: the embedded SmolLM2-135M-Instruct); the score head is new, the rest is the checkpoint's."""
+    (``None``: the embedded SmolLM2-135M-Instruct; ``"tiny"``: :func:`toolgym.models.tiny_random_model` seeded
+    with ``seed``, for smoke tests); the score head is new, the rest is the checkpoint's."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from toolgym.models import embedded_cache_dir, load_model, load_tokenizer
+    from toolgym.models import embedded_cache_dir, load_model, load_tokenizer, tiny_random_model
 
+    if name_or_path == "tiny":
+        tok = load_tokenizer(None)
+        lm = tiny_random_model(tok, seed=seed)
+        lm.config.num_labels = 1
+        model = AutoModelForSequenceClassification.from_config(lm.config)
+        model.model.load_state_dict(lm.model.state_dict())  # the body is the tiny LM's; the score head is new
+        model = model.to(getattr(torch, dtype))
+        model.config.pad_token_id = int(tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        return model, tok
     if name_or_path is None:
         target = embedded_cache_dir() / "model"
         if not (target / ".complete").is_file():
@@ -177,7 +188,7 @@ def train_reward_model(
     trainer.train()
     model.eval()
     if save:
-        save_trained(trainer, tokenizer, output_dir)
+        save_checkpoint(trainer, tokenizer, output_dir)
     return trainer
 
 
@@ -243,25 +254,29 @@ def evaluate_agreement(
 
 
 @dataclass
-class Config:
-    """A reward-model run (``toolgym train reward_model``): config file keys = these fields."""
+class Config(BaseConfig):
+    """A reward-model run (``toolgym train reward_model``): config file keys = these fields and
+    :class:`~trainers.contract.BaseConfig`'s (``model`` is the base causal LM the score head goes on)."""
 
+    # Parameters that control the pairs
     train_trajectories: str = opt("", "trajectory JSONL file(s) with env rewards to train on (comma-separated)")
     heldout_trajectories: str | None = opt(None, "trajectory JSONL file(s) to measure agreement on (never trained on)")
-    model: str | None = opt(None, "base causal LM (path or hub id); null = the embedded SmolLM2-135M-Instruct")
     within_task: bool = opt(False, "pair episodes of the same task only (default: across tasks)")
     margin: float = opt(0.5, "a pair needs chosen reward - rejected reward >= margin")
     pairs_per_task: int = opt(1, "within_task only: most pairs per task")
     max_pairs: int | None = opt(None, "cap on the number of pairs (null: all)")
     use_margin: bool = opt(False, "pass the reward gap as TRL's `margin` column")
+
+    # Parameters that control the training
     learning_rate: float = opt(5e-5, "learning rate")
     batch_size: int = opt(8, "pairs per device batch")
     epochs: float = opt(1.0, "epochs (ignored when max_steps > 0)")
     max_steps: int = opt(-1, "optimizer steps (-1: use epochs)")
+    seed: int = opt(0, "seed")
+
+    # Parameters that control the agreement and the output
     threshold: float = opt(0.5, "agreement: a score >= threshold predicts success")
     output_dir: str = opt("runs/reward_model", "where the model, tokenizer and rm_summary.json go")
-    seed: int = opt(0, "seed")
-    threads: int = opt(0, "torch CPU threads (0: torch's default)")
 
 
 def _read(files: str) -> list[dict[str, Any]]:
@@ -287,7 +302,7 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None) -> RunResult:
                          pairs_per_task=cfg.pairs_per_task, use_margin=cfg.use_margin, seed=cfg.seed)
     print(f"[rm] {len(train)} episodes -> {len(pairs)} pairs", flush=True)
     if model is None:
-        model, tokenizer = load_reward_base(cfg.model)
+        model, tokenizer = load_reward_base(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
     tr = train_reward_model(model, tokenizer, pairs, output_dir=cfg.output_dir, learning_rate=cfg.learning_rate,
                             batch_size=cfg.batch_size, epochs=cfg.epochs, max_steps=cfg.max_steps, seed=cfg.seed,
                             save=True)

@@ -21,32 +21,37 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainers.contract import RunResult
+from trainers.contract import EnvConfig, RunResult
 from trainers.runconfig import opt
 
 __all__ = ["Config", "rft_round", "run", "select_samples"]
 
 
 @dataclass
-class Config:
-    """Rejection-sampling fine-tuning (``toolgym train rft``): config file keys = these fields."""
+class Config(EnvConfig):
+    """Rejection-sampling fine-tuning (``toolgym train rft``): config file keys = these fields and
+    :class:`~trainers.contract.EnvConfig`'s."""
 
-    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id to sample episodes from")
-    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "extra env kwargs, e.g. {max_turns: 3}"})
-    model: str | None = opt(None, "model directory / hub id / .gguf (default: the embedded SmolLM2-135M)")
-    output_dir: str = opt("runs/rft", "where the model, rft_log.json and trajectories are written")
+    # Parameters that control the tasks
     split: str = opt("train", "split the training tasks are drawn from (never the eval split)")
     tasks: int = opt(64, "number of distinct training tasks per round")
     task_seed: int = opt(1, "seed drawing the training tasks (toolgym.evaluation.tasks.draw_tasks)")
+
+    # Parameters that control sampling
     k: int = opt(4, "samples per task per round")
     temperature: float = opt(1.0, "sampling temperature (> 0)")
     threshold: float = opt(1.0, "keep samples whose episode reward is >= this")
     best_per_task: bool = opt(False, "keep at most one sample per task (the highest reward)")
+    max_turn_tokens: int = opt(64, "tokens sampled per assistant turn")
+    num_envs: int = opt(64, "episodes sampled in parallel")
+    env_seed_stride: int = opt(0, "env seeds of round r's episodes: 0 = (seed + r) * 1000003 + i; > 0 = seed + "
+                                  "env_seed_stride * r + i (i: the episode's index in the round)")
+
+    # Parameters that control the training
     rounds: int = opt(2, "sample -> filter -> fine-tune rounds (with max_generated_tokens: the most rounds)")
     max_generated_tokens: int = opt(0, "token budget: no new round once the tokens sampled so far reach this "
                                        "(it ends after the round that crosses it; 0: no budget, `rounds` rounds)")
@@ -54,16 +59,16 @@ class Config:
     max_steps: int = opt(0, "cap on SFT steps per round (0: no cap)")
     lr: float = opt(5e-5, "AdamW learning rate (linear decay within a round)")
     batch_size: int = opt(8, "episodes per SFT step")
-    max_turn_tokens: int = opt(64, "tokens sampled per assistant turn")
-    num_envs: int = opt(64, "episodes sampled in parallel")
+    seed: int = opt(0, "seed of sampling and SFT batch order")
+    sft_seed: int | None = opt(None, "seed of the SFT batch order (null: seed + r in round r)")
+
+    # Parameters that control the held-out evaluation
     eval_split: str = opt("test", "held-out split for per-round evaluation")
     eval_tasks: int = opt(0, "held-out tasks evaluated (greedy) after each round; 0 = no evaluation")
     eval_seed: int = opt(10_000, "seed drawing the held-out tasks, and their first env seed (same every round)")
-    seed: int = opt(0, "seed of sampling and SFT batch order")
-    env_seed_stride: int = opt(0, "env seeds of round r's episodes: 0 = (seed + r) * 1000003 + i; > 0 = seed + "
-                                  "env_seed_stride * r + i (i: the episode's index in the round)")
-    sft_seed: int | None = opt(None, "seed of the SFT batch order (null: seed + r in round r)")
-    threads: int = opt(0, "torch CPU threads (0: torch's default)")
+
+    # Parameters that control the output
+    output_dir: str = opt("runs/rft", "where the model, rft_log.json and trajectories are written")
     save: bool = opt(True, "save the final model (Hugging Face format) to output_dir")
 
 
@@ -170,7 +175,7 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
         raise ValueError(f"RFT trains on split {cfg.split!r} and evaluates on it: use a held-out eval_split")
     prepare(threads=cfg.threads, seed=cfg.seed)
     if model is None:
-        model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     env_kwargs = {"split": cfg.split, **cfg.env_kwargs}

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.checkpoint import episode_env_kwargs, save_checkpoint
 from toolgym.precision import autocast_context
 from toolgym.resources import trim_heap as toolgym_trim_heap
 from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
-from trainers.contract import RunResult, save_trained
+from trainers.contract import EnvConfig, RunResult
 from trainers.runconfig import opt
 
 __all__ = [
@@ -305,7 +306,7 @@ def train_sft(
     trainer.train()
     model.eval()
     if save:
-        save_trained(trainer, tokenizer, output_dir)
+        save_checkpoint(trainer, tokenizer, output_dir)
     return trainer
 
 
@@ -315,17 +316,13 @@ def train_sft(
 
 
 @dataclass
-class Config:
+class Config(EnvConfig):
     """An SFT run: roll out a policy (by default the env's oracle), keep the episodes whose reward clears
-    ``threshold``, fine-tune on them with TRL's ``SFTTrainer`` and the env's loss mask. The toolgym fields are a
-    config file's ``toolgym:`` section; its top-level keys are ``trl.SFTConfig`` fields (``trl``)."""
+    ``threshold``, fine-tune on them with TRL's ``SFTTrainer`` and the env's loss mask. The toolgym fields
+    (:class:`~trainers.contract.EnvConfig`'s and these) are a config file's ``toolgym:`` section; its top-level keys
+    are ``trl.SFTConfig`` fields (``trl``)."""
 
-    model: str | None = opt(None, "model path / hub id; null = the embedded SmolLM2-135M-Instruct; "
-                                  "'tiny' = a tiny random model (smoke tests)")
-    dtype: str = opt("float32", "weights dtype (float32, bfloat16)")
-    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
-    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "keyword arguments of the env, e.g. {split: train}"})
+    # Parameters that control the episodes
     policy: str = opt("oracle", "who collects the episodes: 'oracle' (the env's oracle) or 'model' (the model)")
     episodes: int = opt(64, "episodes to roll out (tasks drawn with seeds task_seed ...)")
     task_seed: int = opt(0, "first task seed")
@@ -335,15 +332,26 @@ class Config:
     temperature: float = opt(1.0, "sampling temperature of policy: model")
     trajectory_path: str | None = opt(None, "JSONL the kept episodes are written to (null: "
                                             "<output_dir>/sft_trajectories.jsonl)")
+
+    # Parameters that control the training
     update: str = opt("trl", "how the model learns: 'trl' = one TRL SFTTrainer run (the trl fields) on the kept "
                              "episodes; 'masked' = trainers.sft.masked_sft after each round: "
-                             "max(1, ceil(num_train_epochs * kept / per_device_train_batch_size)) AdamW steps with "
+                             "trl's max_steps AdamW steps when > 0, else "
+                             "max(1, ceil(num_train_epochs * kept / per_device_train_batch_size)), with "
                              "trl's learning_rate (linear decay), max_grad_norm and seed")
     rounds: int = opt(1, "collect -> fine-tune rounds of `episodes` episodes each (> 1 needs update: masked; with "
                          "max_generated_tokens: the most rounds)")
     max_generated_tokens: int = opt(0, "token budget (update: masked): no new round once the policy tokens (loss "
                                        "mask 1) of the collected episodes reach this; 0: no budget")
-    threads: int = opt(0, "torch CPU threads (0: torch's default)")
+    micro_batch_size: int = opt(0, "update: masked: each step's forward and backward in chunks of this many episodes, "
+                                   "the gradient accumulated (the step's loss and gradient unchanged; bounds "
+                                   "activation memory); 0: the whole batch at once")
+    autocast: str | None = opt(None, "update: masked: forward and backward under torch.autocast in this dtype "
+                                     "('bfloat16'); weights, gradients and optimizer stay in the model's dtype")
+    checkpoint_activations: bool = opt(False, "update: masked: recompute activations in the backward (the same "
+                                              "gradient, less memory)")
+    trim_heap: bool = opt(False, "update: masked: hand the C heap's free pages back to the OS (glibc malloc_trim) "
+                                 "after every micro-batch")
     save_model: bool = opt(True, "save the trained model and tokenizer to trl.output_dir")
     trl: dict[str, Any] = field(default_factory=lambda: {"max_length": None}, metadata={
         "help": "fields of trl.SFTConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
@@ -358,13 +366,11 @@ class Config:
             raise ValueError("rounds != 1 and max_generated_tokens need update: masked")
 
 
-def _record_run_settings(config: Config, out: Any, *, autocast: str | None) -> None:
+def _run_settings(config: Config, *, autocast: str | None) -> dict[str, Any]:
     """``toolgym_run.json`` beside the saved model: ``toolgym eval`` of it then renders and budgets its episodes
     as this run did."""
-    from toolgym.checkpoint import episode_env_kwargs, write_run_settings
-
-    write_run_settings(out, env_id=config.env_id, env_kwargs=episode_env_kwargs(config.env_kwargs),
-                       max_turn_tokens=config.max_turn_tokens, autocast=autocast)
+    return {"env_id": config.env_id, "env_kwargs": episode_env_kwargs(config.env_kwargs),
+            "max_turn_tokens": config.max_turn_tokens, "autocast": autocast}
 
 
 def run(config: Config, *, model: Any = None, tokenizer: Any = None,
@@ -415,8 +421,8 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     trainer.train()
     model.eval()
     if config.save_model:
-        save_trained(trainer, tokenizer, out)
-        _record_run_settings(config, out, autocast="bfloat16" if args.bf16 else None)
+        save_checkpoint(trainer, tokenizer, out,
+                        run_settings=_run_settings(config, autocast="bfloat16" if args.bf16 else None))
     metrics = {"episodes": len(alltr), "kept": len(kept), "summary": summarize(alltr),
                "global_step": int(trainer.state.global_step),
                "loss": [float(h["loss"]) for h in trainer.state.log_history if "loss" in h],
@@ -473,16 +479,22 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
         kept_all += kept
         if kept:
             bs = int(args.per_device_train_batch_size)
-            losses += masked_sft(model, kept, steps=max(1, math.ceil(args.num_train_epochs * len(kept) / bs)),
-                                 lr=args.learning_rate, batch_size=bs, seed=args.seed,
-                                 max_grad_norm=args.max_grad_norm)
+            steps = args.max_steps if args.max_steps > 0 else max(1, math.ceil(args.num_train_epochs * len(kept) / bs))
+            if config.checkpoint_activations:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            try:
+                losses += masked_sft(model, kept, steps=steps, lr=args.learning_rate, batch_size=bs, seed=args.seed,
+                                     max_grad_norm=args.max_grad_norm, micro_batch_size=config.micro_batch_size or None,
+                                     autocast=config.autocast, trim_heap=config.trim_heap)
+            finally:
+                if config.checkpoint_activations:
+                    model.gradient_checkpointing_disable()
         rounds += 1
     print(f"[sft] {rounds} rounds, {len(every)} episodes, kept {len(kept_all)} (reward >= {config.threshold}): "
           f"{summarize(every)}")
     out, traj_path = _write_kept(config, args, kept_all)
     if config.save_model:
-        save_trained(model, tokenizer, out)
-        _record_run_settings(config, out, autocast=None)  # masked SFT here runs without autocast
+        save_checkpoint(model, tokenizer, out, run_settings=_run_settings(config, autocast=config.autocast))
     metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
                "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}
     return _result(config, out, traj_path, metrics, f"{len(losses)} masked-SFT steps")

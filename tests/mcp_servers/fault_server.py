@@ -4,7 +4,9 @@ Tools: ``echo``, ``add``, ``pid`` (the server's process id), ``sleep_ms`` (a slo
 idempotent), ``hang`` (never returns; records its own cancellation), ``fail`` (raises: an ``isError`` result),
 ``crash`` (the process exits mid-call), ``count`` (how many calls this process has served), ``record`` (appends its
 token to ``<marker dir>/record.log`` then sleeps: a non-idempotent side effect), ``freeze`` (blocks the server's
-event loop: the whole server hangs without dying), ``big_text`` (megabytes of text); over HTTP with sessions (the legacy ``initialize`` protocol):
+event loop: the whole server hangs without dying), ``big_text`` (megabytes of text), ``picture`` (a caption and
+``count`` copies of one PNG image of ``width`` x ``height`` pixels as ``ImageContent`` blocks, or with ``garbage``
+set, bytes that are no image declared ``image/png``); over HTTP with sessions (the legacy ``initialize`` protocol):
 ``session_id`` (the caller's ``Mcp-Session-Id``), ``wedge_session`` (the caller's session gets stuck: from then on
 ``session_echo`` hangs on it, as a stuck per-session resource would, while other sessions are served).
 
@@ -17,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import io
 import os
 import time
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
+from mcp_types import ImageContent, TextContent, ToolAnnotations
 
 server = MCPServer("toolgym-fault-server")
 _calls = 0
@@ -136,6 +140,25 @@ async def session_echo(text: str, ctx: Context) -> str:
 def big_text(mb: int) -> str:
     """Return ``mb`` megabytes of text (one JSON-RPC line of that size over stdio)."""
     return "x" * (mb * 1024 * 1024)
+
+
+@server.tool()
+def picture(width: int, height: int, count: int = 1, garbage: bool = False) -> list[TextContent | ImageContent]:
+    """A caption, then ``count`` copies of one PNG image of ``width`` x ``height`` pixels (pixel (0, 0) red, the rest
+    blue), or bytes that are no image declared ``image/png`` when ``garbage``."""
+    from PIL import Image
+
+    blocks: list[TextContent | ImageContent] = [TextContent(type="text", text=f"{count} picture(s)")]
+    data = b"this is not a png" * 3
+    if not garbage:
+        img = Image.new("RGB", (width, height), (0, 10, 200))
+        img.putpixel((0, 0), (255, 0, 0))
+        buf = io.BytesIO()
+        img.save(buf, format="PNG")
+        data = buf.getvalue()
+    for _ in range(count):
+        blocks.append(ImageContent(type="image", data=base64.b64encode(data).decode(), mime_type="image/png"))
+    return blocks
 
 
 @server.tool()

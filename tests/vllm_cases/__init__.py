@@ -11,8 +11,8 @@ files' newest versions in the search index this work used, 2026-11). Tests that 
 from __future__ import annotations
 
 from tests.vllm_cases.base import Case
-from tests.vllm_cases.newer import CASES as _NEWER
-from tests.vllm_cases.others import CASES as _OTHERS
+from tests.vllm_cases.hermes_deepseek_mistral_glm_gemma import CASES as _HDMGG
+from tests.vllm_cases.kimi_deepseek32_minimax_pythonic import CASES as _KDMP
 from tests.vllm_cases.qwen_llama_openai import CASES as _QLO
 
 __all__ = ["CASES", "SOURCES", "Case"]
@@ -39,4 +39,4 @@ SOURCES = {
     "test_llama4_pythonic_tool_parser.py": "0716d268c7d81e445bd9ae30205f7bf4cfacd7d5",
 }
 
-CASES: list[Case] = [*_QLO, *_OTHERS, *_NEWER]
+CASES: list[Case] = [*_QLO, *_HDMGG, *_KDMP]

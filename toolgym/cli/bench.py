@@ -17,11 +17,14 @@ from typing import Any
 from toolgym.cli.common import CLIError, ExitCode, print_error
 
 __all__ = [
+    "ANYWHERE",
     "BENCHMARKS",
     "SERVERS",
     "add_parsers",
     "benchmark_script",
     "benchmarks_dir",
+    "find_checkout",
+    "needs_checkout_message",
     "ratio_lines",
     "run_benchmark",
     "run_server",
@@ -49,27 +52,56 @@ SERVERS: dict[str, tuple[str, str]] = {
 }
 
 
+def _is_checkout(d: Path) -> bool:
+    """Whether ``d`` is the root of a toolgym source checkout: its ``benchmarks/`` beside a ``pyproject.toml``."""
+    return (d / "benchmarks").is_dir() and (d / "pyproject.toml").is_file()
+
+
+def find_checkout(starts: Sequence[Path]) -> Path | None:
+    """The first toolgym checkout root at or above any of ``starts``, in order (:func:`_is_checkout`), or ``None``."""
+    for start in starts:
+        for d in (start, *start.parents):
+            if _is_checkout(d):
+                return d
+    return None
+
+
 def benchmarks_dir() -> Path | None:
-    """The ``benchmarks/`` directory: ``$TOOLGYM_BENCHMARKS``, else next to the package (a source checkout),
-    else under the current directory."""
+    """The ``benchmarks/`` directory: ``$TOOLGYM_BENCHMARKS``, else that of the checkout this package runs from
+    (walking up from the package's own file: an editable install or a source tree), else that of a checkout at or
+    above the current directory; ``None`` from an installed wheel used outside a checkout."""
     env = os.environ.get("TOOLGYM_BENCHMARKS")
-    cands = [Path(env)] if env else []
-    cands += [Path(__file__).resolve().parent.parent / "benchmarks", Path.cwd() / "benchmarks"]
-    return next((c for c in cands if c.is_dir()), None)
+    if env:
+        return Path(env) if Path(env).is_dir() else None
+    root = find_checkout([Path(__file__).resolve().parent, Path.cwd().resolve()])
+    return root / "benchmarks" if root is not None else None
+
+
+#: the benchmarks that run anywhere (the package's own code, on the user's tools); every other name runs a script
+#: of a source checkout's ``benchmarks/``
+ANYWHERE = ("tools",)
+
+
+def needs_checkout_message() -> str:
+    """What ``toolgym bench`` says where no checkout is found: which benchmarks need one and which run anywhere."""
+    need = ", ".join(n for n in BENCHMARKS if n not in ANYWHERE)
+    return (f"no toolgym checkout found (no benchmarks/ beside a pyproject.toml at or above this directory or the "
+            f"installed package, and TOOLGYM_BENCHMARKS is not set): {need} run scripts of a source checkout "
+            f"(git clone it and run from inside it); without one, `toolgym bench tools` times your @tool module, "
+            f"MCP config or env and `toolgym bench mcp --config FILE` your MCP servers")
 
 
 def benchmark_script(name: str) -> Path:
     """The script behind ``toolgym bench NAME``.
 
     Raises:
-        CLIError: unknown name (usage) or script not found (input).
+        CLIError: unknown name (usage) or script not found (input: no checkout, or no such script in it).
     """
     if name not in BENCHMARKS:
         raise CLIError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}", ExitCode.USAGE)
     d = benchmarks_dir()
     if d is None:
-        raise CLIError("no benchmarks/ directory found (run from a toolgym checkout or set TOOLGYM_BENCHMARKS)",
-                       ExitCode.INPUT)
+        raise CLIError(needs_checkout_message(), ExitCode.INPUT)
     for cand in BENCHMARKS[name][0]:
         if (d / cand).is_file():
             return d / cand
@@ -107,8 +139,10 @@ def ratio_lines(lines: Sequence[str]) -> list[str]:
 
 
 def run_benchmark(name: str, extra: Sequence[str]) -> int:
-    """Run ``benchmarks/<script>`` with ``extra`` args in this interpreter, stream its output, then repeat the
-    lines that state ratios. Returns 0, or 1 when the script fails."""
+    """Run ``python -m benchmarks.<script>`` of the checkout (:func:`benchmarks_dir`) with ``extra`` args in this
+    interpreter, from the checkout's root, stream its output, then repeat the lines that state ratios. Returns 0, or
+    1 when the script fails. ``tools`` (and ``mcp`` with a config, or without a checkout) run the package's own
+    :mod:`toolgym.bench`: anywhere, on the user's tools."""
     if name == "tools" or (name == "mcp" and (any(a.split("=")[0] in ("--config", "--mcp") for a in extra)
                                                or benchmarks_dir() is None)):
         from toolgym import bench  # in the package: works from an installed wheel, on the user's tools
@@ -122,7 +156,7 @@ def run_benchmark(name: str, extra: Sequence[str]) -> int:
     repo = script.parent.parent
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(repo), *filter(None, [env.get("PYTHONPATH")])])
-    cmd = [sys.executable, str(script), *extra]
+    cmd = [sys.executable, "-m", f"{script.parent.name}.{script.stem}", *extra]  # as a module, from the checkout
     print(f"$ {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     lines: list[str] = []
@@ -190,8 +224,11 @@ def run_server(name: str, extra: Sequence[str]) -> int:
 
 def add_parsers(sub: Any) -> None:
     """Add the ``bench`` and ``serve`` subcommands to ``sub`` (an argparse subparsers object)."""
-    s = sub.add_parser("bench", help="run a benchmark script from benchmarks/ (extra args are forwarded)",
-                       description="\n".join(f"  {k:<10} {v[1]}" for k, v in BENCHMARKS.items()),
+    s = sub.add_parser("bench", help="run a benchmark (extra args are forwarded)",
+                       description="\n".join(f"  {k:<10} {v[1]}" for k, v in BENCHMARKS.items())
+                       + "\n\n  tools runs anywhere; the others run a script of a toolgym source checkout's benchmarks/ "
+                         "(found at or above the current directory or the installed package; mcp with --config runs "
+                         "anywhere too)",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("name", choices=list(BENCHMARKS))
     s.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the benchmark script")

@@ -22,9 +22,10 @@ from toolgym import runtime
 from toolgym.format.chat import ChatFormat
 from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
+from toolgym.images import ImageProblem, ref_placeholder, task_images
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.rewards.guard import DEFAULT_REWARD_TIMEOUT_S, RewardFault, guarded
-from toolgym.tools.base import Seconds, Tool, ToolErrorKind, ToolResult, error_text
+from toolgym.tools.base import Seconds, Tool, ToolCall, ToolErrorKind, ToolResult, error_text
 from toolgym.tools.executor import ToolExecutor
 from toolgym.trajectory import Trajectory, Turn
 
@@ -58,7 +59,9 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
 
     Args:
         tasks: a sequence of task rows, or ``fn(np_random) -> row`` for procedural tasks. A row has ``"id"``,
-            ``"prompt"`` (the user text) or ``"messages"`` (a chat list), plus whatever the reward needs.
+            ``"prompt"`` (the user text) or ``"messages"`` (a chat list), optionally ``"images"`` (a list of PIL
+            images, :class:`~toolgym.images.Image`, bytes, ``data:`` URIs or file paths, checked at reset:
+            :func:`~toolgym.images.task_images`), plus whatever the reward needs.
         tools: the tools the model may call (ignored when ``executor`` is given).
         reward: a :class:`~toolgym.rewards.base.Reward` or ``fn(trajectory, task) -> float | Score``; the components of
             its :class:`~toolgym.rewards.base.Score` go to ``info["reward_components"]`` and the trajectory.
@@ -173,11 +176,17 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         return dict(self.tasks[int(self.np_random.integers(len(self.tasks)))])
 
     def build_messages(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The opening chat messages for ``task``: the task's ``messages``, or system prompt + ``prompt``."""
+        """The opening chat messages for ``task``: the task's ``messages``, or system prompt + ``prompt``. A task
+        with ``images`` (see :meth:`reset`) has their placeholders, one line each, before the first user text."""
         if "messages" in task:
-            return [dict(m) for m in task["messages"]]
-        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        msgs.append({"role": "user", "content": str(task["prompt"])})
+            msgs = [dict(m) for m in task["messages"]]
+        else:
+            msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            msgs.append({"role": "user", "content": str(task["prompt"])})
+        lines = [ref_placeholder(ref) for ref in task.get("images") or ()]
+        user = next((m for m in msgs if m.get("role") == "user" and isinstance(m.get("content"), str)), None)
+        if lines and user is not None:
+            user["content"] = "\n".join([*lines, user["content"]])
         return msgs
 
     # -- gym API ----------------------------------------------------------------------------------
@@ -191,10 +200,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         super().reset(seed=seed)
         task = options["task"] if options and options.get("task") is not None else self.sample_task()
         task = copy.deepcopy(dict(task))  # the episode owns its row: nothing is shared with the task set
+        images = task_images(task, self.executor.image_limits)  # task["images"] become refs; ImageError if bad
         self.task = task
         conv = Conversation(self.format, self.build_messages(task), self.tool_schemas)
         self.conversation = conv
-        self.trajectory = Trajectory(prompt_ids=conv.prompt_ids, task=task)
+        self.trajectory = Trajectory(prompt_ids=conv.prompt_ids, task=task, prompt_images=images)
         self._done = False
         info = {"task": task, "messages": [dict(m) for m in conv.messages], "prompt_text": conv.prompt_text}
         if len(conv.prompt_ids) >= self.max_episode_tokens:
@@ -372,16 +382,39 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         """
         if not turn.calls:
             return None
+        turn.results = await self.run_calls(turn.calls)
+        return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in turn.results]
+
+    async def run_calls(self, calls: Sequence[ToolCall], tools: Mapping[str, Tool] | None = None, *,
+                        in_order: bool = False) -> list[ToolResult]:
+        """One result per call of ``calls``, run by the env's executor: at most ``max_calls_per_turn`` run (the
+        others get a ``call_limit`` error result), each result's content bounded by ``max_obs_chars`` characters
+        (what the model is shown and the trajectory records). ``tools`` / ``in_order``: an episode's own tools and
+        ordered execution (:meth:`~toolgym.tools.executor.ToolExecutor.run_many`). :meth:`env_response` uses it; so
+        does an override that runs tools of its own (BFCL's simulators). The turn's results show at most
+        ``executor.image_limits.max_per_turn`` images in all: a result past it keeps the images that fit and
+        becomes ``invalid_image``, naming each image not shown (its text kept)."""
         cap = self.max_calls_per_turn
-        turn.results = await runtime.run_async(self.executor.run_many(turn.calls[:cap]))
-        if len(turn.calls) > cap:
-            why = error_text(ToolErrorKind.CALL_LIMIT, f"not run: this turn made {len(turn.calls)} tool calls and at "
+        results = await runtime.run_async(self.executor.run_many(calls[:cap], tools, in_order=in_order))
+        if len(calls) > cap:
+            why = error_text(ToolErrorKind.CALL_LIMIT, f"not run: this turn made {len(calls)} tool calls and at "
                                                        f"most {cap} run per turn")
-            turn.results += [ToolResult(c, why, ToolErrorKind.CALL_LIMIT) for c in turn.calls[cap:]]
-        for r in turn.results:  # the recorded results are bounded too (what the model is shown)
+            results += [ToolResult(c, why, ToolErrorKind.CALL_LIMIT) for c in calls[cap:]]
+        shown, limit = 0, self.executor.image_limits.max_per_turn
+        for r in results:
+            if r.images and shown + len(r.images) > limit:  # past the turn's images: refused, named, text kept
+                kept, cut = r.images[: max(limit - shown, 0)], r.images[max(limit - shown, 0):]
+                names = ", ".join(f"{img.placeholder} sha256 {img.sha256[:12]}" for img in cut)
+                why = (f"{ImageProblem.TOO_MANY.value}: {len(cut)} image(s) not shown, past the limit of {limit} "
+                       f"per turn: {names}")
+                r.content = (error_text(ToolErrorKind.INVALID_IMAGE, f"{why}\n{r.content}") if r.error_kind is None
+                             else f"{r.content}\n{why}")  # already invalid_image: one more problem
+                r.images, r.error_kind = kept, ToolErrorKind.INVALID_IMAGE
+            shown += len(r.images)
+        for r in results:  # the recorded results are bounded too (what the model is shown)
             if len(r.content) > self.max_obs_chars:
                 r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK
-        return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in turn.results]
+        return results
 
     def _may_need_clip(self, msgs: Sequence[Mapping[str, Any]], obs_ids: Sequence[int]) -> bool:
         """``False`` when no message can be longer than ``max_obs_tokens`` tokens: every content is at most that
@@ -414,7 +447,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         ``state`` is a :class:`toolgym.rollout.EpisodeState`: ``state.task`` is the task row, ``state.turn`` the
         0-based turn, ``state.trajectory`` the episode so far (read the tool results from its last turn).
         Oracles serve smoke tests (``toolgym eval ENV --policy oracle``) and SFT data
-        (``trainers.sft.oracle_policy``). The built-in envs define one; a user env overrides this method.
+        (:func:`toolgym.evaluation.oracle_policy`). The built-in envs define one; a user env overrides this method.
 
         Raises:
             NotImplementedError: this env defines no oracle.

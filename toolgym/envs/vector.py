@@ -34,7 +34,7 @@ frees the rest at once). The pause is process-wide (other threads' allocations a
 and lasts only as long as those calls; :meth:`~ToolVectorEnv.astep_env` (one episode, for per-episode schedulers)
 does not pause. Opt out with ``manage_gc=False`` (also ``gym.make_vec(..., manage_gc=False)``): then the collector
 is left alone. Results are the same either way; only when the collector runs changes
-(``benchmarks/vector_step.py --scale`` measures both).
+(``python -m benchmarks.vector_step --scale`` measures both).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ it with a fixed order given by ``seed``, and never return the same task twice (t
 * :func:`select_tasks` (``toolgym eval --tasks all|N|FILE``): strict, for evaluations where every task must run
   exactly once: ``"all"`` of a finite split, ``N`` distinct tasks (an error when the split has fewer or has
   duplicate ids), or the rows of a ``.jsonl`` task file;
-* :func:`draw_tasks` (trainers: the demo, GRPO, RFT, DPO): up to ``n`` distinct tasks, none of ``exclude``.
+* :func:`draw_tasks` (trainers: the demo, GRPO, RFT, DPO): up to ``n`` distinct tasks, none of ``exclude``;
+* :func:`holdout_tasks` (GRPO's validation set): ``n`` tasks of a training split set apart by a hash of their ids,
+  for the trainer to pass to :func:`draw_tasks` as ``exclude``.
 
 The order, for both: a finite split's rows in the order of ``np.random.default_rng(seed).permutation``; a
 generator's distinct draws from one ``np.random.default_rng(seed)``, in the order drawn. So ``draw_tasks(env, n,
@@ -33,8 +35,8 @@ from toolgym.errors import InputFileError
 T = TypeVar("T")
 
 __all__ = [
-    "TaskFileError", "TaskSelectionError", "base_env", "check_unique", "draw_tasks", "import_env_id", "round_tasks",
-    "select_tasks", "task_id",
+    "TaskFileError", "TaskSelectionError", "base_env", "check_unique", "draw_tasks", "holdout_tasks", "import_env_id",
+    "round_tasks", "select_tasks", "task_id",
 ]
 
 
@@ -227,6 +229,50 @@ def draw_tasks(
         raise TaskSelectionError(f"the number of tasks must be >= 0, got {n}")
     with _task_source(env, split, env_kwargs) as (source, name):
         return _draw(source, n, seed, name, {str(x) for x in exclude})
+
+
+def holdout_tasks(
+    env: Any,
+    n: int,
+    *,
+    seed: int = 0,
+    split: str | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """``n`` task rows of the env's split set apart from training (a validation set), in a fixed order.
+
+    A finite split: the ``n`` rows whose ``sha256(f"{seed}:{task_id}")`` is smallest, in that order (a hash split:
+    whether a task is held out depends on its id and on the other ids, not on the order of the split's rows; the
+    same ``seed`` gives the same rows on every machine). A split with at most ``n`` distinct tasks is an error: no
+    task would be left to train on. A generated split: ``n`` distinct draws from ``np.random.default_rng(seed)``
+    (its task space has no list to hash). Either way a trainer keeps them out of its own draw by passing their
+    :func:`task_id` values to :func:`draw_tasks` as ``exclude``.
+
+    Args:
+        env: a ToolEnv (or wrapped env), a vector env, or an env id (then built with ``split`` + ``env_kwargs``).
+        n: how many tasks (>= 1).
+        seed: the hash salt (finite split) or the drawing seed (generated split).
+        split, env_kwargs: as :func:`draw_tasks`.
+
+    Raises:
+        TaskSelectionError: ``n < 1``, a finite split with ``<= n`` distinct tasks, a generator that cannot
+            produce ``n`` distinct tasks.
+    """
+    if n < 1:
+        raise TaskSelectionError(f"the number of held-out tasks must be >= 1, got {n}")
+    with _task_source(env, split, env_kwargs) as (source, name):
+        if callable(source):
+            return _draw(source, n, seed, name)
+        rows: dict[str, dict[str, Any]] = {}
+        for r in source:
+            rows.setdefault(task_id(r), dict(r))
+        if len(rows) <= n:
+            raise TaskSelectionError(f"{name} has {len(rows)} distinct tasks; holding out {n} leaves none to train on")
+
+        def key(tid: str) -> str:
+            return hashlib.sha256(f"{seed}:{tid}".encode()).hexdigest()
+
+        return [rows[tid] for tid in sorted(rows, key=key)[:n]]
 
 
 def round_tasks(pool: Sequence[T], n: int, round_index: int) -> list[T]:

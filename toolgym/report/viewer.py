@@ -5,7 +5,7 @@ JSON document and renders everything in the browser, lazily, so that thousands o
 
 * **episodes**: a compact table (task, reward, outcome, turns, tool calls, tokens, tool latency, errors, how it
   ended), sortable by any column (click a header), paged; a click on a row expands that episode only: the
-  conversation turn by turn (model text, each tool call with arguments, result, error kind, latency, attempts,
+  conversation turn by turn (model text, each tool call with arguments, result and its images, error kind, latency, attempts,
   per-turn reward and, in GRPO trajectories, the advantage the turn's tokens trained with), the **loss mask** as
   decoded runs (model tokens, mask 1, and env tokens, mask 0, in different colours), a **per-token** view (each token with its id, mask and sampling logprob on hover), the
   **drift** as an aligned token diff marking the first difference, the prompt and the task row;
@@ -35,10 +35,12 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from toolgym.images import MIME_TYPES
 from toolgym.trajectory import TrajectoryFileError, read_trajectories
 
 __all__ = ["TrajectoryFileError", "build_data", "content_security_policy", "load_trajectory_rows", "render_html", "write_report"]
@@ -144,6 +146,7 @@ def _answer(row: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 ERROR_KINDS = ("parse_error", "unknown_tool", "invalid_arguments", "timeout", "exception")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
 
 class _Tables:
@@ -161,6 +164,8 @@ class _Tables:
         self.ptexts: list[str | list[Any]] = []
         self.vocab: dict[int, str] = {}
         self.split_utf8: set[int] = set()  # ids whose lone decoding is a partial UTF-8 character
+        #: every image of the page once: ``{sha256: {"src": data URI, "alt": placeholder and size}}``
+        self.images: dict[str, dict[str, str]] = {}
         self._index: dict[tuple[str, str], int] = {}
         self._decoded: dict[tuple[int, ...], int] = {}
         self._base: int | None = None
@@ -203,6 +208,24 @@ class _Tables:
                 self.split_utf8.add(i)
 
 
+    def add_images(self, table: Any) -> None:
+        """The images of a row's ``images`` table, as ``data:`` URIs, each once per page (only the MIME types of
+        :data:`toolgym.images.MIME_TYPES` with base64 data: the page's CSP allows ``data:`` images only)."""
+        if not isinstance(table, Mapping):
+            return
+        for sha, entry in table.items():
+            if sha in self.images or not isinstance(entry, Mapping):
+                continue
+            mime, data = entry.get("mime_type"), entry.get("data")
+            if mime in MIME_TYPES and isinstance(data, str) and _BASE64.fullmatch(data):
+                self.images[str(sha)] = {"src": f"data:{mime};base64,{data}",
+                                         "alt": f"{mime} {entry.get('width')}x{entry.get('height')} sha256 {sha}"}
+
+
+def _shas(refs: Any) -> list[str]:
+    return [str(r["sha256"]) for r in refs if isinstance(r, Mapping) and "sha256" in r] if isinstance(refs, list) else []
+
+
 def _rle(mask: Sequence[int]) -> list[list[int]]:
     """Run-length loss mask: ``[[value, length], ...]``."""
     return [[m, b - a] for a, b, m in _runs(mask)] if mask else []
@@ -220,7 +243,7 @@ def _turn_record(t: Mapping[str, Any]) -> dict[str, Any]:
             "name": c.get("name") or "?", "id": c.get("id") or "", "args": c.get("arguments"),
             "perr": c.get("parse_error"), "raw": c.get("raw") if c.get("parse_error") else None,
             "content": r.get("content", ""), "err": r.get("error_kind"), "lat": _num(r.get("latency_s")),
-            "attempts": r.get("attempts"), "cached": bool(r.get("cached")),
+            "attempts": r.get("attempts"), "cached": bool(r.get("cached")), "imgs": _shas(r.get("images")),
         })
     a0, a1 = (t.get("action_span") or [0, 0])[:2]
     o0, o1 = (t.get("obs_span") or [a1, a1])[:2]
@@ -243,6 +266,7 @@ def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) 
     errs = _errors(row)
     lat = sum(_num(r.get("latency_s")) for t in turns for r in t.get("results") or [])
     tables.add_tokens(ids)
+    tables.add_images(row.get("images"))
     ep: dict[str, Any] = {
         "k": k, "task": str(task.get("id", "")), "t": tables.intern("task", task),
         "p": tables.intern("prompt", prompt_text),
@@ -253,6 +277,8 @@ def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) 
         "ans": _answer(row), "exp": _expected(task), "comps": row.get("reward_components") or {},
         "turns": [_turn_record(t) for t in turns], "ids": ids, "mask": _rle(mask),
     }
+    if pimg := _shas(row.get("prompt_images")):
+        ep["pimg"] = pimg
     advs = row.get("turn_advantages")  # written by the GRPO adapter: the advantage each turn's tokens trained with
     if isinstance(advs, list) and len(advs) == len(turns):
         for rec, a in zip(ep["turns"], advs, strict=True):
@@ -305,7 +331,8 @@ def build_data(
 ) -> dict[str, Any]:
     """The JSON document the page embeds: ``{"runs": [{"label", "eps": [...]}, ...], "prompts" (the user
     questions), "ptexts" (decoded prompts, see :class:`_Tables`), "tasks", "vocab" ({id: decoded token}; empty
-    without a tokenizer), "threshold"}`` (one run, or two with ``compare``)."""
+    without a tokenizer), "threshold", "images" ({sha256: {"src": data URI, "alt"}}: every image of the episodes
+    once)}`` (one run, or two with ``compare``)."""
     tables = _Tables(tokenizer)
     runs = [{"label": labels[0], "eps": [_episode(k, r, tables, success_threshold) for k, r in enumerate(rows)]}]
     if compare is not None:
@@ -314,7 +341,7 @@ def build_data(
     kinds = sorted(set(ERROR_KINDS) | {e for run in runs for ep in run["eps"] for e in ep["errs"]})
     return {"runs": runs, "prompts": tables.prompts, "ptexts": tables.ptexts, "tasks": tables.tasks,
             "vocab": {str(k): v for k, v in sorted(tables.vocab.items())}, "threshold": success_threshold,
-            "error_kinds": kinds, "decoded": tokenizer is not None}
+            "error_kinds": kinds, "decoded": tokenizer is not None, "images": tables.images}
 
 
 _TEMPLATE = Path(__file__).with_name("viewer.html")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from toolgym.images import Image, has_images, split_parts
+
 __all__ = ["Seconds", "Tool", "ToolCall", "ToolError", "ToolErrorKind", "ToolResult"]
 
 
@@ -45,6 +47,8 @@ class ToolErrorKind(StrEnum):
     TIMEOUT = "timeout"  #: the call outran its timeout and was cancelled
     EXCEPTION = "exception"  #: the tool raised, or reported an error itself (MCP ``isError``)
     CALL_LIMIT = "call_limit"  #: the turn made more calls than the env runs per turn; this one was not run
+    INVALID_IMAGE = "invalid_image"  #: the result held an image that is refused (not an image, corrupt, too big,
+    #: an unknown MIME type, past the images per turn); its text and its other images are kept
 
 
 class ToolError(Exception):
@@ -106,6 +110,8 @@ class ToolResult:
         latency_s: wall time in seconds spent executing (0 for calls never executed, e.g. parse errors).
         attempts: how many times the tool was invoked (retries included; 0 when never invoked).
         cached: ``True`` when served from the executor's cache / replay log.
+        images: the result's images, in order; each one's placeholder (``[image: image/png, N bytes]``) stands in
+            ``content`` where the image was, which is what a text-only policy reads (:meth:`parts` splits it).
     """
 
     call: ToolCall
@@ -114,13 +120,21 @@ class ToolResult:
     latency_s: float = field(default=0.0, compare=False)
     attempts: int = 0
     cached: bool = False
+    images: list[Image] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.error_kind is None
 
+    def parts(self) -> list[str | Image]:
+        """``content`` as ordered text and image parts (:func:`toolgym.images.split_parts`): what a renderer that
+        shows images to the model walks; ``[content]`` when the result has no images."""
+        return split_parts(self.content, self.images) if self.images else [self.content]
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """A JSON object; the images appear as :meth:`~toolgym.images.Image.ref` (no bytes: a trajectory row stores
+        each image's bytes once, in its ``images`` table)."""
+        row = {
             "call": self.call.to_dict(),
             "content": self.content,
             "error_kind": self.error_kind.value if self.error_kind else None,
@@ -128,6 +142,9 @@ class ToolResult:
             "attempts": self.attempts,
             "cached": self.cached,
         }
+        if self.images:
+            row["images"] = [img.ref() for img in self.images]
+        return row
 
 
 def error_text(kind: ToolErrorKind, message: str) -> str:
@@ -159,8 +176,10 @@ class Tool(abc.ABC):
     cacheable: bool = True
 
     @abc.abstractmethod
-    async def acall(self, arguments: Mapping[str, Any]) -> str:
-        """Run the tool on already-validated ``arguments`` and return the text the model reads.
+    async def acall(self, arguments: Mapping[str, Any]) -> Any:
+        """Run the tool on already-validated ``arguments`` and return the text the model reads, or a value with
+        images (an :class:`~toolgym.images.Image`, a PIL image, an image content block, or a list mixing text and
+        images: :func:`toolgym.images.has_images`), whose images the executor checks.
 
         Raise :class:`ToolError` for a classified failure (``retryable=True`` if a retry may help); any other
         exception is reported as ``exception``.
@@ -191,3 +210,10 @@ def text_of(out: Any) -> str:
     no later ``str()`` or ``encode()`` of the result runs a tool's code outside its call's timeout."""
     text = out if isinstance(out, str) else str(out)
     return text if type(text) is str else str.__str__(text)
+
+
+def text_or_images(out: Any) -> Any:
+    """A tool's return value as the executor takes it: a value that carries images
+    (:func:`toolgym.images.has_images`) as it is (the executor checks its images), anything else as
+    :func:`text_of`."""
+    return out if has_images(out) else text_of(out)

@@ -14,13 +14,14 @@ import os
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from toolgym.images import DEFAULT_IMAGE_LIMITS, Image, ImageLimits, has_images, mixed_content
 from toolgym.jsonl import iter_jsonl, write_jsonl
 from toolgym.tools.base import (
     Tool,
@@ -153,6 +154,9 @@ class ToolExecutor:
         retry_backoff_s: first backoff; doubles per retry.
         cache: a :class:`ToolCache` (``None`` disables caching). Only ``cacheable`` tools use it.
         validate: validate arguments against each tool's JSON schema before running it.
+        image_limits: what an image in a result may be (:class:`~toolgym.images.ImageLimits`); a result with a
+            refused image is answered with ``invalid_image`` (its text and other images kept). Results with images
+            are never cached.
 
     All methods are coroutines meant to run on one event loop (the toolgym runtime loop when used through
     the envs). The executor owns its tools: :meth:`aclose` closes them.
@@ -169,6 +173,7 @@ class ToolExecutor:
         retry_timeouts: bool = False,
         cache: ToolCache | None = None,
         validate: bool = True,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self.tools: dict[str, Tool] = {}
         self.max_concurrency = max_concurrency
@@ -178,6 +183,7 @@ class ToolExecutor:
         self.retry_timeouts = retry_timeouts
         self.cache = cache
         self.validate = validate
+        self.image_limits = image_limits if image_limits is not None else DEFAULT_IMAGE_LIMITS
         self.metrics = ExecutorMetrics()
         self._global: asyncio.Semaphore | None = None
         self._per_tool: dict[str, asyncio.Semaphore] = {}
@@ -213,17 +219,26 @@ class ToolExecutor:
         return [self.tools[n].schema() for n in (names if names is not None else self.tools)]
 
     # -- running ----------------------------------------------------------------------------------
-    async def run_many(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        """Run ``calls`` concurrently; results come back in the same order."""
+    async def run_many(self, calls: Sequence[ToolCall], tools: Mapping[str, Tool] | None = None, *,
+                       in_order: bool = False) -> list[ToolResult]:
+        """Run ``calls`` concurrently (``in_order``: one after another, in the order given, for tools whose calls
+        change a shared state); results come back in the same order. ``tools``: see :meth:`run`."""
+        if in_order:
+            return [await self.run(c, tools) for c in calls]
         if len(calls) == 1:  # the common case: no extra task
-            return [await self.run(calls[0])]
-        return list(await asyncio.gather(*(self.run(c) for c in calls)))
+            return [await self.run(calls[0], tools)]
+        return list(await asyncio.gather(*(self.run(c, tools) for c in calls)))
 
-    async def run(self, call: ToolCall) -> ToolResult:
+    async def run(self, call: ToolCall, tools: Mapping[str, Tool] | None = None) -> ToolResult:
         """Run one call and classify any failure. Never raises (except ``CancelledError`` when the caller is
-        cancelled). The result's content is always encodable text (see :func:`safe_text`)."""
+        cancelled). The result's content is always encodable text (see :func:`safe_text`).
+
+        ``tools``: the tools ``call.name`` is looked up in instead of the registry (default: the registry): an
+        episode's own tools, built per episode (e.g. BFCL's simulators, :mod:`toolgym.envs.bfcl.worker`). They run
+        under the same caps, timeout, retries and metrics; their arguments are validated by the tool itself (no
+        JSON-schema validator is built for them)."""
         try:
-            result = await self._run(call)
+            result = await self._run(call, self.tools if tools is None else tools)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - a bug of ours (or a cache/validator failure) is still an answer
@@ -242,9 +257,9 @@ class ToolExecutor:
         # every error result is built here (a success's text is made safe in _run, a cache hit's at load)
         return ToolResult(call, safe_text(error_text(kind, message)), kind, **kw)
 
-    async def _validate(self, call: ToolCall, timeout: float) -> ToolResult | None:
+    async def _validate(self, call: ToolCall, tool: Tool, timeout: float) -> ToolResult | None:
         """The failed result of a call whose arguments break the tool's JSON schema, else ``None``."""
-        if not self.validate or (v := self._validators.get(call.name)) is None:
+        if not self.validate or self.tools.get(call.name) is not tool or (v := self._validators.get(call.name)) is None:
             return None
         if call.name in self._slow_schemas:  # regular expressions: off the loop, under the call's timeout
             try:
@@ -258,18 +273,18 @@ class ToolExecutor:
             err = first_error(v, call.arguments)
         return None if err is None else self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, err)
 
-    async def _run(self, call: ToolCall) -> ToolResult:
+    async def _run(self, call: ToolCall, tools: Mapping[str, Tool]) -> ToolResult:
         if call.parse_error is not None:
             return self._fail(call, ToolErrorKind.PARSE_ERROR, call.parse_error)
-        tool = self.tools.get(call.name)
+        tool = tools.get(call.name)
         if tool is None:
-            names = ", ".join(sorted(self.tools)) or "none"
+            names = ", ".join(sorted(tools)) or "none"
             return self._fail(call, ToolErrorKind.UNKNOWN_TOOL, f"no tool named {call.name!r}; available: {names}")
         if not isinstance(call.arguments, dict):
             return self._fail(call, ToolErrorKind.INVALID_ARGUMENTS, "arguments must be a JSON object")
         timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
         t0 = time.perf_counter()
-        invalid = await self._validate(call, timeout)
+        invalid = await self._validate(call, tool, timeout)
         if invalid is not None:
             return invalid
         if self.cache is not None and tool.cacheable:
@@ -323,34 +338,45 @@ class ToolExecutor:
                     m.in_flight -= 1
                     if per_tool is not None:
                         per_tool.release()
+            images: list[Image] = []
             if kind is None:
-                kind, content = await self._text(call, content, timeout - (time.perf_counter() - t0))
+                kind, content, images = await self._text(call, content, timeout - (time.perf_counter() - t0))
             if kind is None:
                 latency = time.perf_counter() - t0
-                if self.cache is not None and tool.cacheable:
+                if self.cache is not None and tool.cacheable and not images:  # the cache holds text only
                     self.cache.put(call.name, call.arguments, content)
-                return ToolResult(call, content, None, latency, attempts)
+                return ToolResult(call, content, None, latency, attempts, images=images)
             if retryable and attempts <= self.max_retries:
                 self.metrics.retries += 1
                 await asyncio.sleep(self.retry_backoff_s * 2 ** (attempts - 1))
                 continue
-            return self._fail(call, kind, content, latency_s=time.perf_counter() - t0, attempts=attempts)
+            return self._fail(call, kind, content, latency_s=time.perf_counter() - t0, attempts=attempts,
+                              images=images)
 
-    async def _text(self, call: ToolCall, content: Any, budget_s: float) -> tuple[ToolErrorKind | None, str]:
-        """The result's text: a ``str`` at once (a subclass copied into a plain ``str``); anything else through ``str()``
-        in a worker thread, bounded by what is left of the call's timeout (a slow ``__str__`` costs that call a
-        ``timeout``, never the loop)."""
+    async def _text(self, call: ToolCall, content: Any, budget_s: float
+                    ) -> tuple[ToolErrorKind | None, str, list[Image]]:
+        """The result's text and images: a ``str`` at once (a subclass copied into a plain ``str``); a value with
+        images (:func:`~toolgym.images.has_images`) checked against :attr:`image_limits`, each image shown as its
+        placeholder (a refused one makes the result ``invalid_image``, its text and other images kept); anything else
+        through ``str()``. Both in a worker thread, bounded by what is left of the call's timeout (a slow ``__str__``
+        or a huge image costs that call a ``timeout``, never the loop)."""
         try:
             if isinstance(content, str):  # a subclass of str becomes a plain one here (none of its code runs)
-                return None, safe_text(content if type(content) is str else str.__str__(content))
+                return None, safe_text(content if type(content) is str else str.__str__(content)), []
             async with asyncio.timeout(max(budget_s, 0.01)):
-                return None, safe_text(await self._lane.run(text_of, content))
+                out = await self._lane.run(_output, content, self.image_limits)
         except TimeoutError:
-            return ToolErrorKind.TIMEOUT, f"tool {call.name!r}: turning its result into text took past its timeout"
+            return ToolErrorKind.TIMEOUT, f"tool {call.name!r}: turning its result into text took past its timeout", []
         except ToolError as e:
-            return e.kind, e.message
+            return e.kind, e.message, []
         except Exception as e:  # noqa: BLE001 - a result whose str() raises
-            return ToolErrorKind.EXCEPTION, f"unprintable result ({type(e).__name__}: {e})"
+            return ToolErrorKind.EXCEPTION, f"unprintable result ({type(e).__name__}: {e})", []
+        if isinstance(out, str):
+            return None, safe_text(out), []
+        if out.problems:
+            why = "; ".join(out.problems)
+            return ToolErrorKind.INVALID_IMAGE, safe_text(f"{why}\n{out.text}" if out.text else why), out.images
+        return None, safe_text(out.text), out.images
 
     async def aclose(self) -> None:
         """Close every tool (errors while closing are swallowed: shutdown must not fail)."""
@@ -359,3 +385,8 @@ class ToolExecutor:
                 await t.aclose()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _output(content: Any, limits: ImageLimits) -> Any:
+    """A tool's non-str return value as text, or as :class:`~toolgym.images.MixedContent` when it carries images."""
+    return mixed_content(content, limits) if has_images(content) else text_of(content)

@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, Unpack, overload
 
-from toolgym.tools.base import Tool, ToolError, ToolErrorKind, text_of
+from toolgym.tools.base import Tool, ToolError, ToolErrorKind, text_or_images
 from toolgym.tools.threads import ThreadLane
 
 __all__ = ["FunctionTool", "ToolOptions", "tool"]
@@ -40,7 +40,10 @@ class FunctionTool(Tool):
     awaiting task but cannot stop a running thread, so long sync work should be written async or as a subprocess
     tool. Arguments the function's signature does not accept are ``invalid_arguments``. The return value is
     converted to text with ``str`` unless it is already a string, on the lane (an async function's result too), so a
-    slow ``__str__`` is bounded by the call's timeout and never holds the event loop.
+    slow ``__str__`` is bounded by the call's timeout and never holds the event loop. A return value with images
+    (a PIL image, a :class:`toolgym.images.Image`, an image block ``{"type": "image", "data": bytes, "mime_type":
+    "image/png"}``, or a list mixing text and images) is passed on as it is: the executor checks its images and
+    shows each as its placeholder to a text-only policy.
 
     Args:
         max_workers: threads of the lane (default: ``max_concurrency``, else 32).
@@ -75,7 +78,7 @@ class FunctionTool(Tool):
         # sync tools run here; async ones turn a non-str result into text here
         self.lane = ThreadLane(self.name, max_workers or max_concurrency or 32, max_abandoned)
 
-    async def acall(self, arguments: Mapping[str, Any]) -> str:
+    async def acall(self, arguments: Mapping[str, Any]) -> Any:
         try:
             self._signature.bind(**arguments)
         except TypeError as e:  # an extra or missing argument: the model's mistake, not the tool's
@@ -83,15 +86,15 @@ class FunctionTool(Tool):
         if self._is_async:
             out = await self.fn(**arguments)
             if isinstance(out, str):
-                return text_of(out)
+                return text_or_images(out)
             # a non-str result's __str__ is the tool's code too: on a thread, inside the call's timeout
-            return await self.lane.run(text_of, out)
+            return await self.lane.run(text_or_images, out)
         # the conversion to text runs on the lane too: a huge non-str result never stalls the event loop
         return await self.lane.run(_as_text, self.fn, arguments)
 
 
-def _as_text(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
-    return text_of(fn(**arguments))
+def _as_text(fn: Callable[..., Any], arguments: Mapping[str, Any]) -> Any:
+    return text_or_images(fn(**arguments))
 
 
 @overload

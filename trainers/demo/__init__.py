@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from toolgym.evaluation import paired_difference_ci, wilson_interval
+from toolgym.evaluation import paired_difference_ci
 
 __all__ = ["DemoConfig", "main", "run_demo"]
 
@@ -143,9 +143,11 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     from toolgym.evaluation.tasks import draw_tasks
     from toolgym.models import load_model
     from toolgym.placement import describe, resolve_device
+    from toolgym.precision import describe_precision
     from toolgym.rollout import RolloutDriver, TransformersPolicy
-    from toolgym.trajectory import summarize, write_trajectories
+    from toolgym.trajectory import write_trajectories
     from trainers import ALGORITHMS
+    from trainers.demo.record import heldout_summary
     from trainers.sft import collect, masked_sft
 
     if cfg.threads:
@@ -159,7 +161,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     print("[demo] loading the embedded model (SmolLM2-135M-Instruct) ...", flush=True)
     model, tok = load_model()
     model = model.to(resolve_device(cfg.device))  # weights stay float32: they are trained (bf16: autocast)
-    print(f"[demo] {describe(model)}", flush=True)
+    print(f"[demo] model on {model.device}: {describe_precision(model.device.type, 'float32', 'bfloat16' if cfg.bf16 else None)}"
+          f" (bf16: {str(cfg.bf16).lower()} in the config)", flush=True)
     if cfg.freeze_embeddings:  # SmolLM2 ties it to the LM head: 28.3M of 134.5M parameters stay as loaded
         model.get_input_embeddings().weight.requires_grad_(False)
     pk = prompt_kwargs(cfg.compact_prompt)
@@ -179,11 +182,8 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         driver = RolloutDriver(venv, policy, max_turn_tokens=cfg.max_turn_tokens)
         trajs = driver.run(eval_tasks, seeds=eval_seeds, progress=False)
         write_trajectories(out / "trajectories" / EVAL_FILES[tag], trajs)
-        s = summarize(trajs)
-        wins = [float(t.outcome_reward >= 1.0) for t in trajs]
-        s["n_tasks"] = len(trajs)
-        s["success_ci95"] = list(wilson_interval(int(sum(wins)), len(wins)))
-        s["wall_s"] = round(time.perf_counter() - t0, 1)
+        s = heldout_summary(trajs, out / "trajectories" / EVAL_FILES[tag], time.perf_counter() - t0)
+        wins = s["per_task_success"]
         print(f"[demo] held-out {tag:<16}: {_fmt(s)}", flush=True)
         return s, wins, trajs
 
@@ -309,6 +309,7 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
     tmp = out / "metrics.json.tmp"
     tmp.write_text(json.dumps(metrics, indent=2, default=str))
     tmp.replace(out / "metrics.json")
+    _record(metrics, out)
     b, m, a = metrics["eval_before"], metrics["eval_after_warmstart"], metrics["eval_after_grpo"]
     g = metrics["grpo_gain"]
     print(f"\n[demo] ===== held-out success, {a['n_tasks']} Calculator-v0 test tasks (same tasks and seeds, greedy) "
@@ -324,6 +325,23 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
           f"trajectories in {out / 'trajectories'}/ -- total {metrics['total_wall_s']:.0f} s, peak RSS "
           f"{metrics['resources']['peak_rss_mb']:.0f} MiB")
     return metrics
+
+
+def _record(metrics: dict[str, Any], out: Path) -> None:
+    """The evaluation reports the registry takes, and the run in the tracking store (a store that cannot be
+    written is a warning: the demo's results are on disk already)."""
+    from toolgym.errors import CLIError
+    from trainers.demo.record import eval_reports, log_run
+    from trainers.tracking import tracking_uri
+
+    reports = eval_reports(metrics, out)
+    try:
+        run_id = log_run(metrics, out)
+    except (CLIError, OSError) as e:
+        print(f"[demo] not in the tracking store: {getattr(e, 'message', e)}", flush=True)
+        return
+    print(f"[demo] run {run_id} in the tracking store {tracking_uri()} (`toolgym ui --runs runs` shows it); "
+          "evaluations to register with: " + ", ".join(str(p) for p in reports), flush=True)
 
 
 def _plot(metrics: dict[str, Any], path: Path) -> None:

@@ -35,12 +35,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from toolgym.trajectory import Trajectory
-from trainers.contract import RunResult
+from trainers.contract import EnvConfig, RunResult
 from trainers.dpo.pairs import load_pairs, make_pairs, pairs_dataset, save_pairs
 from trainers.runconfig import opt
 
@@ -99,13 +99,12 @@ def sample_pairs(
 
 
 @dataclass
-class Config:
-    """A DPO run (``toolgym train dpo``): config file keys = these fields."""
+class Config(EnvConfig):
+    """A DPO run (``toolgym train dpo``): config file keys = these fields and
+    :class:`~trainers.contract.EnvConfig`'s. Episodes come from the env's ``train`` split unless ``env_kwargs``
+    names a split."""
 
-    model: str | None = opt(None, "model path or hub id; null = the embedded SmolLM2-135M-Instruct")
-    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
-    env_kwargs: dict[str, Any] = field(default_factory=lambda: {"split": "train"}, metadata={
-        "help": "keyword arguments of the env, e.g. {split: train}"})
+    # Parameters that control the pairs
     trajectories: str | None = opt(None, "offline: pair the episodes of this trajectory JSONL file (no sampling)")
     num_tasks: int = opt(32, "online: tasks drawn from the env (seeds task_seed ... task_seed + n - 1)")
     task_seed: int = opt(0, "online: first seed for drawing tasks")
@@ -120,6 +119,8 @@ class Config:
     num_envs: int = opt(16, "online: parallel sub-envs for sampling")
     margin: float = opt(0.5, "a pair needs chosen reward - rejected reward >= margin (and strictly greater)")
     pairs_per_task: int = opt(1, "most pairs per task (and prompt); each episode is used at most once")
+
+    # Parameters that control the training
     beta: float = opt(0.1, "DPO beta (strength of the KL to the reference model)")
     loss_type: str = opt("sigmoid", "TRL DPO loss_type (sigmoid, ipo, hinge, ...)")
     learning_rate: float = opt(1e-5, "learning rate")
@@ -128,10 +129,11 @@ class Config:
     epochs: float = opt(1.0, "epochs over each round's pairs (ignored when max_steps > 0)")
     max_steps: int = opt(-1, "optimizer steps per round (-1: use epochs)")
     max_length: int | None = opt(None, "truncate prompt + completion to this many tokens (null: no limit)")
+    seed: int = opt(0, "seed (sampling, pairing, training)")
+
+    # Parameters that control the output
     output_dir: str = opt("runs/dpo", "where the pairs (pairs/ or pairs_round{k}/), trajectories and model go")
     save_model: bool = opt(True, "save the trained model and tokenizer to output_dir")
-    seed: int = opt(0, "seed (sampling, pairing, training)")
-    threads: int = opt(0, "torch CPU threads (0: torch's default)")
 
 
 def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
@@ -153,10 +155,10 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
     t0 = time.perf_counter()
     prepare(threads=cfg.threads, seed=cfg.seed)
     if model is None:
-        model, tokenizer = load_policy(cfg.model, seed=cfg.seed)
+        model, tokenizer = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    env_kwargs = dict(cfg.env_kwargs)
+    env_kwargs = {"split": "train", **cfg.env_kwargs}
     env_kwargs.setdefault("tokenizer", tokenizer)
     summary: dict[str, Any] = {"config": asdict(cfg), "rounds": [], "generated_tokens": 0}
     train_kw = dict(beta=cfg.beta, loss_type=cfg.loss_type, learning_rate=cfg.learning_rate,
@@ -194,12 +196,11 @@ def run(cfg: Config, *, model: Any = None, tokenizer: Any = None,
                 row["loss"] = _losses(tr)
             summary["rounds"].append(row)
     if cfg.save_model:
-        from toolgym.checkpoint import episode_env_kwargs, write_run_settings
+        from toolgym.checkpoint import episode_env_kwargs, save_checkpoint
 
-        model.save_pretrained(str(out))
-        tokenizer.save_pretrained(str(out))
-        write_run_settings(out, env_id=cfg.env_id, env_kwargs=episode_env_kwargs(cfg.env_kwargs),
-                           max_turn_tokens=cfg.max_turn_tokens)
+        save_checkpoint(model, tokenizer, out, run_settings={
+            "env_id": cfg.env_id, "env_kwargs": episode_env_kwargs(cfg.env_kwargs),
+            "max_turn_tokens": cfg.max_turn_tokens})
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     (out / "dpo_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"[dpo] done in {summary['wall_s']} s: {sum(r['pairs'] for r in summary['rounds'])} pairs, "

@@ -4,7 +4,8 @@ This module is the algorithm's contract (:class:`Config`, :func:`run`); the rest
 visits it: :mod:`~trainers.grpo.build` (the trainer wired to the env), :mod:`~trainers.grpo.rollout_adapter` (TRL's
 ``rollout_func``: episodes through the env), :mod:`~trainers.grpo.generation` (generation with the trainer's own
 model) and :mod:`~trainers.grpo.sampling`, :mod:`~trainers.grpo.trainer` (advantages, the loss) and
-:mod:`~trainers.grpo.zero_advantage`, :mod:`~trainers.grpo.shared_prefix`, :mod:`~trainers.grpo.efficiency` (the CPU memory and speed techniques),
+:mod:`~trainers.grpo.zero_advantage`, :mod:`~trainers.grpo.no_signal` (steps without signal skipped),
+:mod:`~trainers.grpo.prompt_packing`, :mod:`~trainers.grpo.efficiency` (the CPU memory and speed techniques),
 :mod:`~trainers.grpo.preflight` (checks before loading) and :mod:`~trainers.grpo.importance_sampling_metrics`.
 
 Run (``toolgym train grpo``; any accelerate config, see ``docs/training.md``)::
@@ -27,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.checkpoint import episode_env_kwargs, write_run_settings
-from trainers.contract import RunResult
+from toolgym.checkpoint import episode_env_kwargs, save_checkpoint
+from trainers.contract import EnvConfig, RunResult
 from trainers.runconfig import opt
 
 __all__ = ["Config", "build_trainer", "lora_config", "merge_adapters", "no_autocast_weight_cache", "run",
@@ -40,15 +41,10 @@ _LAZY = {"build_trainer": "build", "lora_config": "build", "merge_adapters": "bu
 
 
 @dataclass
-class Config:
-    """A GRPO run: the toolgym fields (a config file's ``toolgym:`` section) and TRL's ``GRPOConfig`` (``trl``)."""
+class Config(EnvConfig):
+    """A GRPO run: the toolgym fields (:class:`~trainers.contract.EnvConfig`'s and these: a config file's
+    ``toolgym:`` section) and TRL's ``GRPOConfig`` (``trl``)."""
 
-    model: str | None = opt(None, "model path / hub id; null = the embedded SmolLM2-135M-Instruct; "
-                                  "'tiny' = a tiny random model (smoke tests)")
-    dtype: str = opt("float32", "weights dtype (float32, bfloat16)")
-    env_id: str = opt("toolgym/Calculator-v0", "toolgym env id")
-    env_kwargs: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "keyword arguments of the env, e.g. {split: train}, a retriever URL, template_kwargs"})
     num_train_tasks: int = opt(256, "distinct tasks drawn from the env for the dataset (toolgym.evaluation.tasks.draw_tasks; "
                                     "all of a dataset-backed split when it has fewer)")
     task_seed: int = opt(0, "seed drawing the training tasks")
@@ -57,7 +53,6 @@ class Config:
     max_turn_tokens: int = opt(128, "tokens sampled per assistant turn")
     trajectory_dir: str | None = opt(None, "directory the adapter appends trajectory JSONL to (null: not saved)")
     schedule: str = opt("lockstep", "lockstep (required with several processes) or continuous")
-    threads: int = opt(0, "torch CPU threads per process (0: torch's default)")
     save_model: bool = opt(True, "save the trained model and tokenizer to trl.output_dir")
     advantage: str = opt("outcome", "credit assignment: outcome (one advantage per episode: TRL's GRPO, the "
                                     "default) | turn_return (each turn's tokens get its discounted reward-to-go "
@@ -76,14 +71,51 @@ class Config:
                                           "are all zero, where their gradient is exactly zero (one process, beta 0, "
                                           "no entropy bonus; trainers/grpo/zero_advantage.py): GRPO groups that all "
                                           "failed or all succeeded cost no training compute")
+    skip_no_signal_steps: bool = opt(True, "skip the optimizer step when every micro-batch of it, on every "
+                                           "process, has zero advantages and nothing else enters the loss (beta 0, "
+                                           "no entropy bonus): its gradients are zero, yet AdamW would move the "
+                                           "weights by its momentum and weight decay. The weights and optimizer "
+                                           "state stay bit-identical; the learning-rate schedule still advances; "
+                                           "logged as toolgym/skipped_optimizer_step(s); not under DeepSpeed "
+                                           "(trainers/grpo/no_signal.py)")
     shared_prefix: bool = opt(True, "compute each GRPO group's prompt once: transformers generation prefills it "
                                     "once and copies its keys and values to the group's rows "
                                     "(toolgym/rollout/shared_prefix.py), and the loss forward and backward pack "
                                     "the rows of a micro-batch that share a prompt into one row, every completion "
-                                    "attending to the prompt and to its own tokens (trainers/grpo/shared_prefix.py); "
+                                    "attending to the prompt and to its own tokens (trainers/grpo/prompt_packing.py); "
                                     "same log-probabilities and gradients up to float rounding. The loss shares "
                                     "within a micro-batch: per_device_train_batch_size >= num_generations shares a "
                                     "whole group")
+    # Dynamic sampling: train on groups with reward spread (trainers/grpo/dynamic_sampling.py)
+    dynamic_sampling: bool = opt(False, "a training step rolls out more groups than it trains on and keeps those "
+                                        "whose rewards differ (a non-zero advantage) until the step's quota of "
+                                        "prompts is filled, drawing replacement tasks from the training tasks "
+                                        "(DAPO); costs up to dynamic_sampling_max_draws times a step's rollouts. "
+                                        "Several processes: per_device_train_batch_size * steps_per_generation "
+                                        "must be a multiple of num_generations")
+    dynamic_sampling_max_draws: int = opt(4, "rollout draws per step at most, the first (TRL's prompts) included; "
+                                             "when they leave the quota short the step trains on what it kept plus "
+                                             "zero-spread groups (zero advantage) and logs a warning")
+    dynamic_sampling_history: bool = opt(False, "GRESO: remember each prompt's consecutive rollouts without "
+                                                "spread (k) and skip it before rollout with probability "
+                                                "min(0.9, 1 - (1 - dynamic_sampling_skip)^k); saved in checkpoints")
+    dynamic_sampling_skip: float = opt(0.5, "the history's skip probability per zero-spread rollout, in [0, 1)")
+    # Parameters that control validation and checkpoint selection (trainers/grpo/validation.py)
+    validation_tasks: int = opt(0, "tasks of the training split held out by a hash of their ids "
+                                   "(toolgym.evaluation.tasks.holdout_tasks), never trained on, and evaluated "
+                                   "greedily at step 0, every validation_every steps and at the last step; "
+                                   "0 = no validation")
+    validation_every: int = opt(10, "optimizer steps between validation evaluations")
+    validation_patience: int | None = opt(None, "stop training after this many evaluations in a row after the "
+                                                "best that do not beat it (null: never)")
+    validation_seed: int = opt(0, "hash salt choosing the validation tasks (a generated split: their drawing "
+                                  "seed); episode i is reset with validation_seed + i")
+    validation_metric: str = opt("success", "the validation score: success (share of episodes solved) | reward "
+                                            "(mean episode reward)")
+    validation_num_envs: int = opt(16, "parallel sub-envs of a validation evaluation")
+    keep_best: bool = opt(True, "with validation: save the best-scoring step's weights to <output_dir>/best/ "
+                                "(ties: the earliest) and end the run with them, so the saved model is the "
+                                "selected one")
     trl: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "fields of trl.GRPOConfig (in a config file: its top-level keys; on the command line: --max_steps 2 "
                 "...); a trl.GRPOConfig object is accepted too", "trl_config": "GRPOConfig"})
@@ -96,6 +128,16 @@ class Config:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
         if self.lora is not None and not isinstance(self.lora, Mapping):
             raise ValueError(f"lora must be a mapping of peft.LoraConfig fields or null, got {self.lora!r}")
+        if self.validation_tasks < 0 or self.validation_every < 1 or self.validation_num_envs < 1:
+            raise ValueError("validation_tasks must be >= 0, validation_every and validation_num_envs >= 1; got "
+                             f"{self.validation_tasks}, {self.validation_every}, {self.validation_num_envs}")
+        if self.validation_patience is not None and self.validation_patience < 1:
+            raise ValueError(f"validation_patience must be >= 1 or null, got {self.validation_patience}")
+        if self.dynamic_sampling_max_draws < 1 or not 0.0 <= float(self.dynamic_sampling_skip) < 1.0:
+            raise ValueError("dynamic_sampling_max_draws must be >= 1 and dynamic_sampling_skip in [0, 1); got "
+                             f"{self.dynamic_sampling_max_draws}, {self.dynamic_sampling_skip}")
+        if self.validation_metric not in ("success", "reward"):
+            raise ValueError(f"validation_metric must be success or reward, got {self.validation_metric!r}")
 
 
 def run(config: Config, *, model: Any = None, tokenizer: Any = None,
@@ -107,7 +149,9 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     TRL saved under ``trl.output_dir`` (``save_strategy="steps"``): the run continues from step N with its
     optimizer, scheduler, RNG states and data order.
 
-    ``metrics``: ``global_step`` and TRL's ``log_history`` (per logged step: ``reward``, ``toolgym/success``, ...).
+    ``metrics``: ``global_step`` and TRL's ``log_history`` (per logged step: ``reward``, ``toolgym/success``, ...);
+    with validation (``validation_tasks > 0``) also ``selected_step`` (the step whose weights the run ends with),
+    ``validation_history`` (one record per evaluation), ``validation_best`` and ``validation_stopped``.
     """
     from trainers.contract import prepare
     from trainers.grpo.build import build_trainer, merge_adapters
@@ -132,19 +176,20 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
                 p.requires_grad_(trainable.get(n, p.requires_grad))
     model_dir = None
     if config.save_model:
-        if merged is None:
-            trainer.save_model(args.output_dir)
-        elif trainer.accelerator.is_main_process:  # a plain checkpoint: toolgym eval / vLLM load it as any model
-            merged.save_pretrained(args.output_dir)
-        if trainer.accelerator.is_main_process:
-            trainer.processing_class.save_pretrained(args.output_dir)
-            write_run_settings(args.output_dir, env_id=config.env_id, env_kwargs=episode_env_kwargs(config.env_kwargs),
-                               max_turn_tokens=config.max_turn_tokens, autocast="bfloat16" if args.bf16 else None)
+        # LoRA: the merged model, a plain checkpoint (toolgym eval / vLLM load it as any model)
+        save_checkpoint(trainer if merged is None else merged, trainer.processing_class, args.output_dir,
+                        main_process=trainer.accelerator.is_main_process, run_settings={
+                            "env_id": config.env_id, "env_kwargs": episode_env_kwargs(config.env_kwargs),
+                            "max_turn_tokens": config.max_turn_tokens,
+                            "autocast": "bfloat16" if args.bf16 else None})
         model_dir = str(args.output_dir)
     trainer.accelerator.end_training()  # trackers, and the process group: a rank must not exit with gloo running
     artifacts = {"trajectories": str(config.trajectory_dir)} if config.trajectory_dir else {}
+    from trainers.grpo.validation import validation_metrics
+
     return RunResult("grpo", str(args.output_dir), model_dir,
-                     {"global_step": int(trainer.state.global_step), "log_history": list(trainer.state.log_history)},
+                     {"global_step": int(trainer.state.global_step), "log_history": list(trainer.state.log_history),
+                      **validation_metrics(trainer)},  # selected_step, validation_history: trainers/grpo/validation.py
                      artifacts)
 
 

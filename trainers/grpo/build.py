@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 from accelerate.utils import is_peft_model
 from peft import LoraConfig
 
-from toolgym.evaluation.tasks import draw_tasks
+from toolgym.evaluation.tasks import draw_tasks, task_id
 from trainers.contract import load_policy
 from trainers.grpo import efficiency
+from trainers.grpo.dynamic_sampling import DynamicSampler, DynamicSamplingGRPOTrainer, check_layout
 from trainers.grpo.importance_sampling_metrics import add_is_metrics
 from trainers.grpo.preflight import check_report_to, check_server_hosts, ensure_model_dir, needs_model_dir, num_machines
 from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset
 from trainers.grpo.trainer import TurnCreditGRPOTrainer
+from trainers.grpo.validation import ValidationCallback, check_disjoint, validation_split
 from trainers.runconfig import trl_config
 from trainers.tracking import mlflow_callbacks
 
@@ -43,8 +45,9 @@ def lora_config(fields: Mapping[str, Any]) -> Any:
 
 def trainer_class(config: Config) -> type:
     """The trainer class :func:`build_trainer` builds: :class:`trainers.grpo.trainer.TurnCreditGRPOTrainer`, TRL's
-    ``GRPOTrainer`` with the advantage estimator ``config.advantage`` (``outcome``: TRL's own numbers, untouched)."""
-    return TurnCreditGRPOTrainer
+    ``GRPOTrainer`` with the advantage estimator ``config.advantage`` (``outcome``: TRL's own numbers, untouched);
+    with ``config.dynamic_sampling`` its subclass :class:`trainers.grpo.dynamic_sampling.DynamicSamplingGRPOTrainer`."""
+    return DynamicSamplingGRPOTrainer if config.dynamic_sampling else TurnCreditGRPOTrainer
 
 
 def build_trainer(
@@ -61,30 +64,44 @@ def build_trainer(
     args = trl_config("GRPOConfig", config.trl)
     check_report_to(args.report_to)  # a missing tracker: one clear error naming its extra, before any loading
     check_server_hosts(args, num_machines())  # several nodes: the vLLM server host must not be loopback
+    if config.dynamic_sampling:  # groups must not span processes (trainers/grpo/dynamic_sampling.py)
+        check_layout(args.per_device_train_batch_size * args.steps_per_generation, args.num_generations,
+                     args.world_size)
     if model is None:
         model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
     if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM
         ensure_model_dir(model, tokenizer, Path(args.output_dir) / "base_model")
     env_kwargs = dict(config.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
+    held_out = validation_split(config.env_id, config.validation_tasks, seed=config.validation_seed,
+                                env_kwargs=env_kwargs)  # [] without validation (trainers/grpo/validation.py)
     if tasks is None:
-        tasks = draw_tasks(config.env_id, config.num_train_tasks, seed=config.task_seed, env_kwargs=env_kwargs)
+        tasks = draw_tasks(config.env_id, config.num_train_tasks, seed=config.task_seed, env_kwargs=env_kwargs,
+                           exclude=[task_id(t) for t in held_out])
+    check_disjoint(tasks, held_out)
     rollout = ToolgymRollout(
         config.env_id, tasks, env_kwargs=env_kwargs, max_turn_tokens=config.max_turn_tokens,
         trajectory_dir=config.trajectory_dir, schedule=config.schedule, trim_heap=config.trim_heap,
         shared_prefix=config.shared_prefix,
+        dynamic_sampling=DynamicSampler(config.dynamic_sampling_max_draws, history=config.dynamic_sampling_history,
+                                        skip=config.dynamic_sampling_skip) if config.dynamic_sampling else None,
     )
     callbacks = [*callbacks, *efficiency.callbacks(config.trim_heap)]
+    validation = ValidationCallback.for_config(config, held_out, env_kwargs, bf16=bool(args.bf16)) if held_out else None
+    callbacks = [*callbacks, *([validation] if validation is not None else [])]
     trainer = trainer_class(config)(
         model=model, processing_class=tokenizer, reward_funcs=[env_reward], args=args,
         train_dataset=make_dataset(tasks, repeat=config.dataset_repeat), rollout_func=rollout,
         callbacks=[*callbacks, *mlflow_callbacks(config, args)],  # report_to mlflow: toolgym config, tags, lineage
         advantage=config.advantage, gamma=config.gamma, skip_zero_advantage=config.skip_zero_advantage,
+        skip_no_signal_steps=config.skip_no_signal_steps,
         shared_prefix=config.shared_prefix,
         **({"peft_config": lora_config(config.lora)} if config.lora is not None else {}),
     )
     add_is_metrics(trainer)  # vLLM's importance-sampling ratios as toolgym/is_ratio/* (trainers/grpo/importance_sampling_metrics.py)
     efficiency.apply(trainer)
+    if validation is not None:
+        validation.bind(trainer)
     return trainer, rollout
 
 

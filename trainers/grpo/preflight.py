@@ -1,4 +1,4 @@
-"""Checks and preparations a GRPO run needs before ``GRPOTrainer`` is built (the GPU path's first-contact fixes).
+"""Checks and preparations a GRPO run needs before ``GRPOTrainer`` is built (what a GPU run needs beyond a CPU one).
 
 * :func:`check_report_to`: every tracker named in ``report_to`` is installed, else a clear error naming the extra
   that installs it (transformers would raise deep inside the trainer's constructor).

@@ -94,6 +94,9 @@ class ToolgymRollout:
         shared_prefix: transformers generation prefills a prompt shared by several episodes of a call (a GRPO
             group's samples on this process) once (:class:`TRLPolicy`); ``None``: the trainer's ``shared_prefix``
             attribute, else on.
+        dynamic_sampling: a :class:`trainers.grpo.dynamic_sampling.DynamicSampler`: a training call keeps the
+            groups whose rewards differ, drawing replacement tasks from ``tasks`` for the others, and returns as
+            many rows as TRL handed prompts (with a ``prompt`` field naming each row's task); ``None``: off.
 
     Returns from ``__call__`` (one entry per prompt, in order): ``prompt_ids``, ``completion_ids``, ``logprobs``
     (flat floats, 0.0 on env tokens; ``None`` when the backend gave none), ``env_mask`` (1 = model token),
@@ -118,8 +121,10 @@ class ToolgymRollout:
         schedule: str = "lockstep",
         trim_heap: bool = False,
         shared_prefix: bool | None = None,
+        dynamic_sampling: Any = None,
     ) -> None:
         self.env_id = env_id
+        self.dynamic_sampling = dynamic_sampling
         self.shared_prefix = shared_prefix
         self.tasks = [dict(t) for t in tasks]
         self.by_id = {str(t["id"]): t for t in self.tasks}
@@ -175,14 +180,27 @@ class ToolgymRollout:
         return getattr(cfg, "max_position_embeddings", None)
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        tasks = [self.task_for(p) for p in prompts]
+        if self.dynamic_sampling is not None and getattr(getattr(trainer, "model", None), "training", False):
+            trajs, kept_prompts = self.dynamic_sampling.sample(self, prompts, tasks, trainer)
+            rows = self.rows(trajs, trainer)
+            rows["prompt"] = kept_prompts  # TRL merges it into its inputs (trainers.grpo.dynamic_sampling)
+            return rows
+        return self.rows(self.play(tasks, trainer), trainer)
+
+    def play(self, tasks: Sequence[Mapping[str, Any]], trainer: Any, *, num_envs: int | None = None,
+             seed_offset: int = 0) -> list[Trajectory]:
+        """Roll out one episode per task (in order) with the trainer's model; returns the clipped trajectories.
+        ``num_envs``: the vector env's size (default ``len(tasks)``; fewer tasks than envs leave envs idle, no
+        task at all still takes part in the collective generation calls of several processes). ``seed_offset``
+        shifts the episodes' seeds (another draw of the same step)."""
         if self.policy is None or self.policy.trainer is not trainer:
             self.policy = TRLPolicy(trainer, self.shared_prefix)
         policy = self.policy
         if policy.world_size > 1 and self.schedule != "lockstep":
             raise ValueError("several processes need the lock-step schedule (collective generation)")
         budget = int(self.max_completion_length or trainer.max_completion_length)
-        tasks = [self.task_for(p) for p in prompts]
-        venv = self._env(trainer, len(prompts))
+        venv = self._env(trainer, num_envs or len(tasks))
         driver = RolloutDriver(
             venv, policy, schedule=self.schedule,  # type: ignore[arg-type]
             max_turn_tokens=min(self.max_turn_tokens, budget), max_completion_tokens=budget,
@@ -190,10 +208,10 @@ class ToolgymRollout:
         )
         step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         rank = int(trainer.accelerator.process_index)
-        seeds = [int(getattr(trainer.args, "seed", 0)) * 1_000_003 + step * 10_007 + rank * 1009 + i
+        seeds = [int(getattr(trainer.args, "seed", 0)) * 1_000_003 + step * 10_007 + rank * 1009 + seed_offset + i
                  for i in range(len(tasks))]
         try:
-            trajs = driver.run(tasks, seeds=seeds)
+            trajs = driver.run(list(tasks), seeds=seeds)
         finally:
             turns = getattr(policy, "turns", None)
             if turns is not None:  # the episodes are over: their keys and values are not kept into training
@@ -205,8 +223,17 @@ class ToolgymRollout:
             driver.clip(t)
             if ctx is not None:
                 t.clip(max(0, ctx - len(t.prompt_ids)))
-        self.last_trajectories = trajs
         self.last_stats = driver.stats
+        return trajs
+
+    def rows(self, trajs: Sequence[Trajectory], trainer: Any) -> dict[str, Any]:
+        """TRL's rollout output for ``trajs`` (one row each, in order; keys in the class docstring); saves them
+        when ``trajectory_dir`` is set."""
+        trajs = list(trajs)
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
+        rank = int(trainer.accelerator.process_index)
+        ctx = self._context_limit(trainer)
+        self.last_trajectories = trajs
         if self.trajectory_dir is not None:
             from toolgym.rollout import write_trajectories
 

@@ -14,7 +14,7 @@ accepts advantages of shape ``(B, T)`` ("to support subclasses that provide adva
   turn's policy tokens get that turn's advantage, env tokens and padding 0), replacing ``advantages`` by a
   ``(B, T)`` tensor.
 
-``advantage="outcome"`` (the default) leaves TRL's output untouched, so the loss is exactly today's; every
+``advantage="outcome"`` (the default) leaves TRL's output untouched, so the loss is exactly TRL's; every
 estimator logs ``toolgym/turn{k}/reward`` and ``toolgym/turn{k}/advantage`` (means over the gathered batch) and,
 when the rollout saves trajectories, writes each turn's advantage into the rows (``turn_advantages``).
 
@@ -36,7 +36,8 @@ from transformers.utils import logging as hf_logging
 from trl import GRPOTrainer
 
 from trainers.credit import check_estimator, token_advantages, turn_advantages
-from trainers.grpo.shared_prefix import ATTENTION_IMPLEMENTATIONS, pack, unpack
+from trainers.grpo.no_signal import NoSignalSteps
+from trainers.grpo.prompt_packing import ATTENTION_IMPLEMENTATIONS, pack, unpack
 from trainers.grpo.zero_advantage import PARTITION_INVARIANT, all_zero, ensure_zero_grads, regroup, skippable
 
 __all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "scored_positions_only", "trim_padding"]
@@ -185,14 +186,22 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         skip_zero_advantage: leave out the forward and backward of micro-batches whose advantages are all zero,
             where their gradient is exactly zero (:mod:`trainers.grpo.zero_advantage`; one process only).
         shared_prefix: compute each prompt once for the rows of a micro-batch that share it
-            (:mod:`trainers.grpo.shared_prefix`), and lay out a fresh generation batch so that a group's rows share
+            (:mod:`trainers.grpo.prompt_packing`), and lay out a fresh generation batch so that a group's rows share
             micro-batches.
+        skip_no_signal_steps: skip the optimizer steps whose every micro-batch, on every process, has zero
+            advantages and no other loss term (:mod:`trainers.grpo.no_signal`; not under DeepSpeed).
     """
 
     def __init__(self, *args: Any, advantage: str = "outcome", gamma: float = 1.0, gigpo_omega: float = 1.0,
-                 skip_zero_advantage: bool = True, shared_prefix: bool = True, **kwargs: Any) -> None:
+                 skip_zero_advantage: bool = True, shared_prefix: bool = True, skip_no_signal_steps: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: pack the rows of a micro-batch that share a prompt (:mod:`trainers.grpo.shared_prefix`)
+        if skip_no_signal_steps and self.is_deepspeed_enabled:
+            logger.warning("skip_no_signal_steps is off under DeepSpeed: its engine steps the optimizer inside the "
+                           "backward (trainers/grpo/no_signal.py)")
+        #: optimizer steps without signal are skipped (:mod:`trainers.grpo.no_signal`)
+        self.no_signal = NoSignalSteps(enabled=bool(skip_no_signal_steps) and not self.is_deepspeed_enabled)
+        #: pack the rows of a micro-batch that share a prompt (:mod:`trainers.grpo.prompt_packing`)
         self.shared_prefix = bool(shared_prefix)
         #: forwards computed packed, and why others were not (reason -> count)
         self.shared_prefix_forwards = 0
@@ -278,11 +287,33 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
                 inputs = regrouped[self._step % spg]
         return inputs
 
+    @property
+    def skipped_optimizer_steps(self) -> int:
+        """Optimizer steps skipped so far for want of signal (:mod:`trainers.grpo.no_signal`)."""
+        return self.no_signal.skipped
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """TRL's; after the last micro-batch of an optimizer step, the step's gradients dropped when none of its
+        micro-batches had signal (:class:`trainers.grpo.no_signal.NoSignalSteps`)."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.accelerator.sync_gradients:  # Trainer sets it on an optimizer step's last micro-batch
+            self.no_signal.end_of_step(self, model)
+        return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's, with the run's count of skipped optimizer steps on every training log."""
+        if self.no_signal.enabled and self.model.training and "loss" in logs:
+            logs["toolgym/skipped_optimizer_steps"] = float(self.no_signal.skipped)
+        super().log(logs, start_time)
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """TRL's loss on the micro-batch without its all-padding columns (:func:`trim_padding`), its LM head
         scoring only the completion positions (:func:`scored_positions_only`). A micro-batch whose advantages are
         all zero is not computed when its gradient is exactly zero (:mod:`trainers.grpo.zero_advantage`): a zero loss,
-        and zero gradients for trainable parameters that have none yet."""
+        and zero gradients for trainable parameters that have none yet. Every training micro-batch is recorded for
+        the no-signal rule (:mod:`trainers.grpo.no_signal`)."""
+        if model.training:
+            self.no_signal.observe(self, inputs)
         if self.skip_zero_advantage and model.training and all_zero(inputs):
             ensure_zero_grads(model)
             self.skipped_micro_batches += 1
@@ -300,7 +331,7 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
                                            compute_entropy: bool = False, compute_aux_loss: bool = False,
                                            **multimodal: Any) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         """TRL's per-token log-probabilities ``(B, C)`` (and entropies ``(B, C)``) of the completion tokens, with
-        the rows that share a prompt packed into one row (:mod:`trainers.grpo.shared_prefix`) when
+        the rows that share a prompt packed into one row (:mod:`trainers.grpo.prompt_packing`) when
         ``shared_prefix`` is on. TRL's own computation where packing does not apply: a multimodal batch, an MoE
         auxiliary loss, an attention implementation that takes no custom 4-D mask, or no prompt that two rows
         of a chunk share (logged once per reason)."""

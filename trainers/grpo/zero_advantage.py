@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 
-from trainers.grpo.shared_prefix import prompt_groups
+from trainers.grpo.prompt_packing import prompt_groups
 
-__all__ = ["ADVANTAGE_WEIGHTED", "PARTITION_INVARIANT", "all_zero", "ensure_zero_grads", "regroup", "skippable"]
+__all__ = ["ADVANTAGE_WEIGHTED", "PARTITION_INVARIANT", "all_zero", "ensure_zero_grads", "regroup", "skippable",
+           "zero_loss_at_zero_advantage"]
 
 #: TRL 1.16 loss types whose per-token loss is a multiple of the advantage (zero advantage: zero loss)
 ADVANTAGE_WEIGHTED = frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo"})
@@ -40,17 +41,23 @@ ADVANTAGE_WEIGHTED = frozenset({"grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cis
 PARTITION_INVARIANT = ADVANTAGE_WEIGHTED - {"bnpo"}
 
 
-def skippable(trainer: Any) -> bool:
-    """Whether a zero-advantage micro-batch of ``trainer`` (a TRL ``GRPOTrainer``) has an exactly zero gradient and
-    may be left out: one process, ``beta == 0``, no entropy bonus, no router auxiliary loss, an advantage-weighted
-    loss type."""
+def zero_loss_at_zero_advantage(trainer: Any) -> bool:
+    """Whether a zero advantage gives ``trainer`` (a TRL ``GRPOTrainer``) an exactly zero loss term and gradient:
+    ``beta == 0`` (no KL term), no entropy bonus (fixed or adaptive), no router auxiliary loss, an advantage-weighted loss type."""
     return (
-        getattr(getattr(trainer, "accelerator", None), "num_processes", 1) == 1
-        and float(getattr(trainer, "beta", 0.0)) == 0.0
+        float(getattr(trainer, "beta", 0.0)) == 0.0
         and not float(getattr(trainer, "entropy_coef", 0.0) or 0.0)
+        and not getattr(trainer, "use_adaptive_entropy", False)
         and not getattr(trainer, "aux_loss_enabled", False)
         and getattr(trainer, "loss_type", None) in ADVANTAGE_WEIGHTED
     )
+
+
+def skippable(trainer: Any) -> bool:
+    """Whether a zero-advantage micro-batch of ``trainer`` (a TRL ``GRPOTrainer``) has an exactly zero gradient and
+    may be left out: one process, and :func:`zero_loss_at_zero_advantage`."""
+    return (getattr(getattr(trainer, "accelerator", None), "num_processes", 1) == 1
+            and zero_loss_at_zero_advantage(trainer))
 
 
 def _zero_rows(advantages: torch.Tensor) -> torch.Tensor:
@@ -72,7 +79,7 @@ def regroup(micro_batches: list[dict[str, Any]], *, zeros_last: bool = True,
     ``zeros_last``), in as many micro-batches of the same size. With ``by_prompt`` the rows of each part are also
     ordered by their prompt (rows with identical ``prompt_ids``/``prompt_mask`` next to each other, prompts in the
     order of their first row), so that a GRPO group's rows share micro-batches
-    (:mod:`trainers.grpo.shared_prefix`). ``None`` (leave them as they are) when there is nothing to move or
+    (:mod:`trainers.grpo.prompt_packing`). ``None`` (leave them as they are) when there is nothing to move or
     the batch holds something else (e.g. a vision model's per-image pixel values).
 
     Every index is made on the device of the advantages it is computed from and moved to the device of each tensor

@@ -52,6 +52,7 @@ __all__ = [
     "check_report_backends",
     "config_hash",
     "configure_mlflow",
+    "end_active_runs",
     "ensure_store",
     "experiment_name",
     "mlflow_callbacks",
@@ -269,6 +270,26 @@ class ToolgymMLflowCallback(_CallbackBase):  # type: ignore[misc,valid-type]
         if self.trajectory_dir is not None and self.trajectory_dir.is_dir() and any(self.trajectory_dir.iterdir()):
             mlflow.MlflowClient(self.tracking_uri).log_artifacts(self.run_id, str(self.trajectory_dir),
                                                                  "trajectories")
+
+
+def end_active_runs(status: str) -> list[str]:
+    """End this process's active MLflow runs (the training run transformers' ``MLflowCallback`` opened) with
+    ``status``: ``"KILLED"`` for a run stopped by Ctrl-C or SIGTERM, ``"FAILED"`` for one that raised. Left alone,
+    MLflow ends a run still open at exit as ``FINISHED``. Returns the ids of the runs ended; nothing (and no import)
+    when MLflow was never imported. Best effort: a store that cannot be written is not the error to report."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    ended: list[str] = []
+    if mlflow is None or not callable(getattr(mlflow, "active_run", None)):
+        return ended
+    try:
+        while (run := mlflow.active_run()) is not None:
+            ended.append(run.info.run_id)
+            mlflow.end_run(status=status)
+    except Exception:  # noqa: BLE001 - the training's own error is what the user needs
+        logging.getLogger(__name__).warning("could not mark MLflow run(s) %s as %s", ended, status)
+    return ended
 
 
 def mlflow_callbacks(toolgym_config: Any, trainer_config: Any) -> list[Any]:

@@ -44,6 +44,15 @@ from typing import Any
 from toolgym.errors import CLIError, ExitCode
 from toolgym.weights import weights_hash
 from trainers.tracking import configure_mlflow, experiment_name, quiet_logs, runs_dir, tracking_uri
+from trainers.tracking.blobs import (
+    MANIFEST,
+    RegistryIntegrityError,
+    blob_root,
+    local_dir,
+    manifest,
+    store_files,
+    verify,
+)
 from trainers.tracking.evidence import (
     EVAL_KEYS,
     RegistryError,
@@ -59,6 +68,7 @@ from trainers.tracking.store import check_store_writable, store_lock
 __all__ = [
     "EVAL_KEYS",
     "RegistryError",
+    "RegistryIntegrityError",
     "attach_eval",
     "check_eval_weights",
     "compare",
@@ -173,15 +183,14 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
         params = {f"lineage.{k}": str(v) for k, v in lineage.items() if v is not None}
         params["checkpoint"] = str(d)
         client.log_batch(run_id, params=[mlflow.entities.Param(k, v[:6000]) for k, v in params.items()])
-        for f in _model_files(d):
-            rel = f.relative_to(d).parent
-            client.log_artifact(run_id, str(f), "model" if str(rel) == "." else f"model/{rel.as_posix()}")
+        storage = _store_model_files(client, run, exp, d)
         tags = {"toolgym.registration_run_id": run_id, "toolgym.checkpoint": str(d),
                 "toolgym.training_run_id": str(lineage.get("training_run_id") or ""),
                 "toolgym.base_model": str(lineage.get("base_model") or ""),
                 "toolgym.env_id": str(lineage.get("env_id") or ""),
                 "toolgym.split": str(lineage.get("split") or ""),
-                "toolgym.config_hash": str(lineage.get("config_hash") or ""), "toolgym.weights_sha256": sha}
+                "toolgym.config_hash": str(lineage.get("config_hash") or ""), "toolgym.weights_sha256": sha,
+                "toolgym.storage": storage}
         if ev is not None:
             _log_eval(client, run_id, ev)
             tags.update(eval_tags(ev), **{"eval.verified": str(verified).lower()})
@@ -202,6 +211,27 @@ def register(checkpoint: str | Path, name: str, eval_path: str | Path | None = N
         _undo_register(client, name, run_id, created_model)
         raise
     return _row(client.get_model_version(name, mv.version), _get_model(client, name))
+
+
+def _store_model_files(client: Any, run: Any, exp: Any, d: Path) -> str:
+    """Put the checkpoint's model files under the registration run's ``model/`` and log their manifest
+    (:data:`~trainers.tracking.blobs.MANIFEST`). A local artifact store keeps them by content
+    (:func:`~trainers.tracking.blobs.store_files`: each distinct file's bytes once, hard links per version); a remote
+    one gets them uploaded. Returns how: ``"content-addressed"`` or ``"uploaded"``."""
+    files = _model_files(d)
+    art, location = local_dir(run.info.artifact_uri), local_dir(exp.artifact_location or "")
+    if art is not None and location is not None:
+        recorded, storage = store_files(files, d, art / "model", blob_root(location)), "content-addressed"
+    else:
+        for f in files:
+            rel = f.relative_to(d).parent
+            client.log_artifact(run.info.run_id, str(f), "model" if str(rel) == "." else f"model/{rel.as_posix()}")
+        recorded, storage = manifest(files, d), "uploaded"
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / MANIFEST
+        p.write_text(json.dumps(recorded, indent=1))
+        client.log_artifact(run.info.run_id, str(p))
+    return storage
 
 
 def _undo_register(client: Any, name: str, run_id: str | None, created_model: bool) -> None:
@@ -382,8 +412,17 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
 
 
 def resolve_model_uri(uri: str, cache_dir: str | Path | None = None) -> Path:
-    """The local model directory behind a ``models:/`` URI: the artifact directory itself with the embedded
-    store, else a copy downloaded once to ``runs/registry-cache/NAME/VERSION``."""
+    """The local model directory behind a ``models:/`` URI: the artifact directory itself with a local store, else
+    a copy downloaded once to ``runs/registry-cache/NAME/VERSION`` (downloaded again when that copy is damaged).
+
+    The directory is checked against the files registered (:func:`trainers.tracking.blobs.verify`: each file's
+    size and SHA-256 from the version's manifest; for a version registered without one, the weights hash
+    ``toolgym.weights_sha256``) before it is returned.
+
+    Raises:
+        RegistryError: exit 2 for a bad URI or an unknown model, version or alias.
+        RegistryIntegrityError (exit 3): the stored files are not the ones registered (named).
+    """
     from mlflow.exceptions import MlflowException
 
     name, version, alias = parse_model_uri(uri)
@@ -400,23 +439,55 @@ def resolve_model_uri(uri: str, cache_dir: str | Path | None = None) -> Path:
         mv = _get_version(client, name, version)
     import mlflow
 
+    what = f"models:/{name}/{mv.version}"
+    recorded = _manifest_of(client, mv)
     src = mv.source
-    if src.startswith("file://") or src.startswith("/"):
+    local = local_dir(src)
+    if local is not None:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=src))
-    else:
-        target = Path(cache_dir or runs_dir() / "registry-cache") / name / str(mv.version)
-        if not (target / "config.json").is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".dl-"))
-            try:
-                got = Path(mlflow.artifacts.download_artifacts(artifact_uri=src, dst_path=str(tmp)))
-                shutil.rmtree(target, ignore_errors=True)
-                got.rename(target)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        local = target
+        _check_files(local, mv, recorded, what)
+        return local
+    target = Path(cache_dir or runs_dir() / "registry-cache") / name / str(mv.version)
+    if (target / "config.json").is_file():
+        try:
+            _check_files(target, mv, recorded, what)
+            return target
+        except RegistryIntegrityError:
+            pass  # a damaged cached copy: download it again (a damaged stored one fails below)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".dl-"))
+    try:
+        got = Path(mlflow.artifacts.download_artifacts(artifact_uri=src, dst_path=str(tmp)))
+        shutil.rmtree(target, ignore_errors=True)
+        got.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _check_files(target, mv, recorded, what)
+    return target
+
+
+def _manifest_of(client: Any, mv: Any) -> dict[str, Any] | None:
+    """The version's file manifest from its registration run (``None`` for a version registered without one)."""
+    run_id = mv.tags.get("toolgym.registration_run_id") or mv.run_id
+    if not run_id or MANIFEST not in {a.path for a in client.list_artifacts(run_id)}:
+        return None
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MANIFEST, dst_path=tmp,
+                                                   tracking_uri=tracking_uri())
+        return json.loads(Path(path).read_text())
+
+
+def _check_files(local: Path, mv: Any, recorded: Mapping[str, Any] | None, what: str) -> None:
+    """A loadable model directory whose files are the registered ones (by manifest, else by weights hash)."""
+    if recorded is not None:
+        verify(local, recorded, what)
     validate_checkpoint(local)
-    return local
+    want = mv.tags.get("toolgym.weights_sha256")
+    if recorded is None and want and (got := weights_hash(local)) != want:
+        raise RegistryIntegrityError(f"{what}: the weights in {local} are not the ones registered (weights hash "
+                                     f"{got[:12]}..., registered {want[:12]}...)")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from typing import Any
 
 from trainers.ui.playground import UIError, safe_name
 
-__all__ = ["CONFIG_DIR", "algorithms", "config_fields", "configs", "display", "eval_argv", "inside", "registry",
-           "run_metrics", "runs_table", "toolgym_argv", "train_argv"]
+__all__ = ["CONFIG_DIR", "RUN_STATUS", "algorithms", "compare_labels", "config_fields", "configs", "display",
+           "eval_argv", "inside", "registry", "run_metrics", "runs_diff", "runs_table", "step_budget", "toolgym_argv",
+           "train_argv"]
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 """``trainers/configs/``: the shipped configurations the Train page offers."""
@@ -269,6 +270,30 @@ def train_argv(runs: Path, algorithm: str, config: str, overrides: Mapping[str, 
     return argv
 
 
+def step_budget(argv: Sequence[str]) -> int | None:
+    """The number of optimizer steps a ``toolgym train`` command will run: its last ``--max_steps``, else its
+    ``--config`` file's ``max_steps``; ``None`` when neither sets a positive one (an epoch budget)."""
+    args = list(argv)
+
+    def last(name: str) -> str | None:
+        found = [args[i + 1] for i in range(len(args) - 1) if args[i] == name]
+        return found[-1] if found else None
+
+    value: Any = last("--max_steps")
+    if value is None and last("--config"):
+        from trainers.runconfig import read_config
+
+        try:
+            value = read_config(str(last("--config"))).get("max_steps")
+        except Exception:  # noqa: BLE001 - no budget shown is not worth failing the job view
+            return None
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        return None
+    return steps if steps > 0 else None
+
+
 def eval_argv(runs: Path, checkpoint: str, env: str, split: str, tasks: str, name: str) -> tuple[list[str], Path]:
     """``toolgym eval ENV --policy CKPT --split S --tasks T --json --out <runs>/<name>/eval.jsonl``; returns the
     arguments and the trajectory file (the summary JSON is the log's last line)."""
@@ -374,8 +399,19 @@ def _client(uri: str) -> Any:
     return mlflow.MlflowClient(uri)
 
 
-def runs_table(uri: str, limit: int = 100) -> list[dict[str, Any]]:
-    """Runs of every experiment of the store, newest first: id, name, experiment, status, start, metrics."""
+RUN_STATUS = {"FINISHED": "finished", "FAILED": "failed", "KILLED": "stopped", "RUNNING": "running",
+              "SCHEDULED": "scheduled"}
+"""MLflow's run status -> the word the Runs page shows."""
+
+
+def _shown_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if k in RUN_METRICS or k.startswith("toolgym/")}
+
+
+def runs_table(uri: str, limit: int = 100, ended: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Runs of every experiment of the store, newest first: id, name, experiment, status (:data:`RUN_STATUS`;
+    ``ended`` overrides it by run id: a run whose UI job was stopped reads ``stopped``, though the trainer closed
+    it ``FINISHED``), start, metrics, the number of parameters."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         return []
     client = _client(uri)
@@ -386,12 +422,54 @@ def runs_table(uri: str, limit: int = 100) -> list[dict[str, Any]]:
     except Exception as e:  # noqa: BLE001 - an unreachable/broken store is a message
         raise UIError(f"cannot read the MLflow store: {type(e).__name__}: {str(e)[:300]}") from None
     names = {e.experiment_id: e.name for e in exps}
+    ended = ended or {}
     return [{"id": r.info.run_id, "name": r.info.run_name, "experiment": names.get(r.info.experiment_id, ""),
-             "status": r.info.status, "start": r.info.start_time,
-             "metrics": {k: v for k, v in r.data.metrics.items() if k in RUN_METRICS or k.startswith("toolgym/")},
-             "params": dict(list(r.data.params.items())[:60]), "tags": {k: v for k, v in r.data.tags.items()
-                                                                         if k.startswith("toolgym.")}}
+             "status": ended.get(r.info.run_id) or RUN_STATUS.get(r.info.status, r.info.status.lower()),
+             "start": r.info.start_time, "metrics": _shown_metrics(r.data.metrics), "n_params": len(r.data.params),
+             "tags": {k: v for k, v in r.data.tags.items() if k.startswith("toolgym.")}}
             for r in runs]
+
+
+def runs_diff(uri: str, run_ids: Sequence[str]) -> dict[str, Any]:
+    """Runs side by side over the union of their parameters: ``{"runs": [{"id", "name"}], "metrics": [{"key",
+    "values"}], "differ": [{"key", "values"}], "same": [{"key", "value"}]}``; ``values`` in the order of
+    ``run_ids``, ``None`` where a run does not have the parameter (a missing one counts as differing); keys
+    sorted in each list."""
+    ids = list(dict.fromkeys(run_ids))
+    if not 2 <= len(ids) <= 8 or not all(re.fullmatch(r"[0-9a-f]{8,64}", i or "") for i in ids):
+        raise UIError(f"compare 2 to 8 runs by id, got {list(run_ids)!r}")
+    client = _client(uri)
+    try:
+        runs = [client.get_run(i) for i in ids]
+    except Exception as e:  # noqa: BLE001
+        raise UIError(f"cannot read the runs: {type(e).__name__}: {str(e)[:300]}") from None
+    params = [r.data.params for r in runs]
+    metrics = [_shown_metrics(r.data.metrics) for r in runs]
+    differ, same = [], []
+    for key in sorted(set().union(*params)):
+        values = [p.get(key) for p in params]
+        if len(set(values)) == 1:
+            same.append({"key": key, "value": values[0]})
+        else:
+            differ.append({"key": key, "values": values})
+    return {"runs": [{"id": r.info.run_id, "name": r.info.run_name} for r in runs],
+            "metrics": [{"key": k, "values": [m.get(k) for m in metrics]} for k in sorted(set().union(*metrics))],
+            "differ": differ, "same": same}
+
+
+def compare_labels(runs: Path, a: Path, b: Path) -> tuple[str, str]:
+    """Names that tell two compared files apart: the shortest trailing parts of their paths (relative to
+    ``runs``) that differ (``eval_before.jsonl`` / ``eval_after_grpo.jsonl``, ``run-a/trajectories/eval.jsonl`` /
+    ``run-b/...``); one file twice is ``A: name`` / ``B: name``."""
+    root = runs.resolve()
+    pa, pb = (p.relative_to(root).parts if p.is_relative_to(root) else p.parts for p in (a, b))
+    if pa == pb:
+        return f"A: {pa[-1]}", f"B: {pb[-1]}"
+    for k in range(1, max(len(pa), len(pb)) + 1):
+        la, lb = "/".join(pa[-k:]), "/".join(pb[-k:])
+        if la != lb:
+            return la, lb
+    return "/".join(pa), "/".join(pb)
 
 
 def run_metrics(uri: str, run_id: str) -> dict[str, list[list[float]]]:

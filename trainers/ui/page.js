@@ -55,8 +55,16 @@ const COLORS = ["#2a5bd7", "#d7552a", "#1e7a34", "#8a2ad7", "#b38f00", "#0097a7"
 function smooth(points, a) {
   let m = null; return a > 0 ? points.map(p => [p[0], m = m === null ? p[1] : a * m + (1 - a) * p[1]]) : points;
 }
-function drawCurves(svg, series, title) {
-  const W = +svg.getAttribute("width"), H = +svg.getAttribute("height"), L = 44, R = 150, T = 22, B = 26;
+// what a metric measures, for a chart's y axis (the trainers log fractions of episodes as 0..1)
+function unitOf(key) {
+  if (/success|rate|frac_|heldout/.test(key)) return key + " (fraction, 0-1)";
+  if (/toolgym\/errors\//.test(key)) return "errors per episode";
+  if (/seconds|_s$/.test(key)) return key + " (s)";
+  if (/calls_per_episode|turns/.test(key)) return key + " (per episode)";
+  return key;
+}
+function drawCurves(svg, series, title, ylabel) {
+  const W = +svg.getAttribute("width"), L = 52, R = 14, T = 22, B = 40, PH = 200;
   const a = +($("#smooth")?.value || 0);
   // series drawn on the same points (e.g. all at 0) share one line and one legend entry
   const merged = [];
@@ -65,21 +73,26 @@ function drawCurves(svg, series, title) {
     if (same) same.name += " = " + s.name; else merged.push({...s, raw: s.points, points: smooth(s.points, a)});
   }
   series = merged;
-  const pts = series.flatMap(s => s.points);
+  // the legend below the plot, one full name a line: the chart grows with it, nothing is cut
+  const H = T + PH + B + Math.max(1, series.length) * 16; svg.setAttribute("height", H); svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  const pts = series.flatMap(s => s.points), bottom = T + PH;
   let h = `<text x="${L}" y="15" font-size="12" font-weight="600">${esc(title)}</text>`;
-  if (!pts.length) { svg.innerHTML = h + `<text x="${L}" y="${H / 2}" font-size="12" fill="#667">no data yet</text>`; return; }
+  if (!pts.length) { svg.innerHTML = h + `<text x="${L}" y="${T + PH / 2}" font-size="12" fill="#667">no data yet</text>`; return; }
   const xs = pts.map(p => p[0]), ys = pts.map(p => p[1]);
   let x0 = Math.min(...xs), x1 = Math.max(...xs), y0 = Math.min(0, ...ys), y1 = Math.max(...ys);
   if (x1 === x0) x1 = x0 + 1; if (y1 === y0) y1 = y0 + 1;
-  const X = x => L + (x - x0) / (x1 - x0) * (W - L - R), Y = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
-  h += `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="#999"/><line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" stroke="#999"/>`;
+  const X = x => L + (x - x0) / (x1 - x0) * (W - L - R), Y = y => bottom - (y - y0) / (y1 - y0) * PH;
+  h += `<line x1="${L}" y1="${bottom}" x2="${W - R}" y2="${bottom}" stroke="#999"/><line x1="${L}" y1="${T}" x2="${L}" y2="${bottom}" stroke="#999"/>`;
   h += `<text x="${L - 4}" y="${Y(y1) + 4}" font-size="10" text-anchor="end">${+y1.toPrecision(3)}</text><text x="${L - 4}" y="${Y(y0)}" font-size="10" text-anchor="end">${+y0.toPrecision(3)}</text>`;
-  h += `<text x="${L}" y="${H - 8}" font-size="10">step ${x0}</text><text x="${W - R}" y="${H - 8}" font-size="10" text-anchor="end">${x1}</text>`;
+  h += `<text x="${L}" y="${bottom + 13}" font-size="10">${x0}</text><text x="${W - R}" y="${bottom + 13}" font-size="10" text-anchor="end">${x1}</text>`;
+  h += `<text class="xlabel" x="${(L + W - R) / 2}" y="${bottom + 26}" font-size="11" text-anchor="middle">step</text>`;
+  h += `<text class="ylabel" transform="translate(12 ${T + PH / 2}) rotate(-90)" font-size="11" text-anchor="middle">${esc(ylabel || title)}</text>`;
   series.forEach((s, k) => {
     const c = COLORS[k % COLORS.length], p = s.points.map(q => `${X(q[0]).toFixed(1)},${Y(q[1]).toFixed(1)}`).join(" ");
     h += `<polyline class="curve" data-name="${esc(s.name)}" fill="none" stroke="${c}" stroke-width="2" points="${p}"/>`;
     h += s.points.map((q, i) => `<circle class="pt" cx="${X(q[0]).toFixed(1)}" cy="${Y(q[1]).toFixed(1)}" r="3.5" fill="${c}"><title>${esc(s.name)}: step ${esc(q[0])}: ${esc(+(+s.raw[i][1]).toPrecision(4))}${a > 0 ? " (smoothed " + esc(+q[1].toPrecision(4)) + ")" : ""}</title></circle>`).join("");
-    h += `<rect x="${W - R + 8}" y="${T + k * 16}" width="10" height="10" fill="${c}"/><text x="${W - R + 22}" y="${T + k * 16 + 9}" font-size="11">${esc(s.name.length > 24 ? s.name.slice(0, 23) + "\u2026" : s.name)}<title>${esc(s.name)}</title></text>`;
+    const ly = bottom + B + k * 16;
+    h += `<rect x="${L}" y="${ly - 9}" width="10" height="10" fill="${c}"/><text class="legend" x="${L + 14}" y="${ly}" font-size="11">${esc(s.name)}</text>`;
   });
   svg.innerHTML = h;
 }
@@ -213,16 +226,18 @@ async function showJob() {
   $("#job-status").textContent = j.status; $("#job-status").className = "badge " + j.status;
   $("#job-command").textContent = j.command || "";
   $("#job-stop").disabled = !["running", "starting"].includes(j.status);
-  const m = j.metrics || [], maxSteps = (j.command || "").match(/--max_steps (\d+)/);
-  $("#job-progress").textContent = m.length ? `step ${m.length}${maxSteps ? " of " + maxSteps[1] : ""}` : "";
-  const total = maxSteps ? +maxSteps[1] : 0, frac = total ? Math.min(1, m.length / total) : 0, live = ["running", "starting"].includes(j.status);
+  const m = j.metrics || [], total = j.max_steps || 0;
+  $("#job-progress").textContent = m.length ? `step ${m.length}${total ? " of " + total : ""}` : "";
+  const frac = total ? Math.min(1, m.length / total) : 0, live = ["running", "starting"].includes(j.status);
   $("#job-bar").hidden = !total; $("#job-bar").firstElementChild.style.width = (100 * (j.status === "finished" ? 1 : frac)).toFixed(1) + "%";
   const spent = Date.now() / 1000 - j.created, eta = m.length && live ? spent / m.length * (total - m.length) : null;
   $("#job-eta").textContent = live && total ? (eta == null ? "waiting for the first step" : `about ${eta < 90 ? Math.round(eta) + " s" : Math.round(eta / 60) + " min"} left`) : "";
   const ser = keys => keys.filter(k => m.some(r => k in r)).map(k => ({name: k, points: m.filter(r => k in r).map(r => [r.step, r[k]])}));
-  drawCurves($("#job-curves"), ser(["reward", "toolgym/success", "toolgym/tool_call_rate", "loss"]), "reward and success");
+  drawCurves($("#job-curves"), ser(["reward", "toolgym/success", "toolgym/tool_call_rate", "loss"]), "reward and success", "value (reward, loss; success and call rate as 0-1)");
   const errKeys = [...new Set(m.flatMap(r => Object.keys(r).filter(k => k.startsWith("toolgym/errors/"))))];
-  drawCurves($("#job-errors"), ser(errKeys).map(s => ({...s, name: s.name.replace("toolgym/errors/", "")})), "tool errors by kind");
+  drawCurves($("#job-errors"), ser(errKeys).map(s => ({...s, name: s.name.replace("toolgym/errors/", "")})), "tool errors by kind", "errors per episode");
+  const lastRow = m[m.length - 1] || {}, keys = Object.keys(lastRow).filter(k => k !== "step").sort((x, y) => (x.startsWith("toolgym/") ? 0 : 1) - (y.startsWith("toolgym/") ? 0 : 1) || x.localeCompare(y));
+  $("#job-latest").innerHTML = keys.length ? `<caption class="help">step ${esc(lastRow.step ?? m.length)}: ${keys.length} metrics</caption>` + keys.map(k => `<tr><td>${esc(k)}</td><td class="num">${esc(typeof lastRow[k] === "number" ? +lastRow[k].toPrecision(4) : lastRow[k])}</td></tr>`).join("") : "";
   $("#job-error").textContent = j.error ? "last error lines:\n" + j.error : "";
   const log = $("#job-log"), atEnd = log.scrollTop + log.clientHeight >= log.scrollHeight - 20;
   log.textContent = j.log || ""; if (atEnd) log.scrollTop = log.scrollHeight;
@@ -242,8 +257,10 @@ async function loadRuns() {
     const ticked = new Set([...document.querySelectorAll(".run-pick:checked")].map(c => c.closest("tr").dataset.id));
     $("#runs-loading").hidden = false;
     const d = await api("/api/runs").finally(() => { $("#runs-loading").hidden = true; }); RUNS = d.runs; $("#runs-error").textContent = "";
-    $("#runs-table tbody").innerHTML = RUNS.map(r => `<tr data-id="${esc(r.id)}"><td><input type="checkbox" class="run-pick"></td><td>${esc(r.name)}<div class="help">${esc(r.id.slice(0, 12))}</div></td><td>${esc(r.experiment)}</td><td>${esc(r.status)}</td><td class="num">${r.metrics.reward?.toFixed?.(3) ?? ""}</td><td class="num">${r.metrics["toolgym/success"]?.toFixed?.(3) ?? ""}</td></tr>`).join("") || `<tr><td colspan="6" class="help">no runs yet in ${esc(d.tracking_uri)}</td></tr>`;
+    $("#runs-table tbody").innerHTML = RUNS.map(r => `<tr data-id="${esc(r.id)}"><td><input type="checkbox" class="run-pick"></td><td>${esc(r.name)}<div class="help">${esc(r.id.slice(0, 12))}</div></td><td>${esc(r.experiment)}</td><td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td><td class="num">${r.metrics.reward?.toFixed?.(3) ?? ""}</td><td class="num">${r.metrics["toolgym/success"]?.toFixed?.(3) ?? ""}</td></tr>`).join("") || `<tr><td colspan="6" class="help">no runs yet in ${esc(d.tracking_uri)}</td></tr>`;
     document.querySelectorAll(".run-pick").forEach(c => { c.checked = ticked.has(c.closest("tr").dataset.id); c.onchange = drawRuns; });
+    const sel = $("#runs-metric"), was = sel.value, known = [...new Set(["reward", "toolgym/success", "toolgym/tool_call_rate", "loss", ...RUNS.flatMap(r => Object.keys(r.metrics))])];
+    sel.innerHTML = known.map(k => `<option>${esc(k)}</option>`).join(""); sel.value = known.includes(was) ? was : "reward";
   } catch (e) { $("#runs-error").textContent = e.message; }
 }
 $("#runs-refresh").onclick = loadRuns; $("#runs-metric").onchange = () => drawRuns();
@@ -252,13 +269,19 @@ async function drawRuns() {
   try {
     const hist = await Promise.all(ids.map(id => api(`/api/runs/${id}/metrics`)));
     const byId = Object.fromEntries(RUNS.map(r => [r.id, r]));
-    drawCurves($("#runs-curves"), ids.map((id, k) => ({name: byId[id].name || id.slice(0, 8), points: hist[k].metrics[metric] || []})), metric);
-    const two = ids.slice(0, 2).map(id => byId[id]);
-    if (two.length < 2) { $("#runs-compare").innerHTML = '<tr><td class="help">tick two runs</td></tr>'; return; }
-    const keys = [...new Set(two.flatMap(r => [...Object.keys(r.metrics).map(k => "metric " + k), ...Object.keys(r.params).map(k => "param " + k)]))].sort();
-    const val = (r, k) => k.startsWith("metric ") ? r.metrics[k.slice(7)]?.toFixed?.(4) : r.params[k.slice(6)];
-    $("#runs-compare").innerHTML = `<thead><tr><th></th><th>${esc(two[0].name)}</th><th>${esc(two[1].name)}</th></tr></thead>` + keys.map(k => {
-      const a = val(two[0], k), b = val(two[1], k); return `<tr${a !== b ? ' class="sel"' : ""}><td>${esc(k)}</td><td>${esc(a ?? "")}</td><td>${esc(b ?? "")}</td></tr>`; }).join("");
+    const names = ids.map(id => byId[id].name || id.slice(0, 8)), dup = names.filter((n, i) => names.indexOf(n) !== i);
+    const label = (id, k) => dup.includes(names[k]) ? `${names[k]} (${id.slice(0, 8)})` : names[k];
+    drawCurves($("#runs-curves"), ids.map((id, k) => ({name: label(id, k), points: hist[k].metrics[metric] || []})), metric, unitOf(metric));
+    if (ids.length < 2) { $("#runs-compare").innerHTML = '<tr><td class="help">tick two runs or more</td></tr>'; $("#runs-same").hidden = true; return; }
+    const d = await api("/api/runs/compare?ids=" + ids.slice(0, 8).join(","));
+    const cell = v => v == null ? '<td class="help">(not set)</td>' : `<td>${esc(typeof v === "number" ? +v.toPrecision(4) : v)}</td>`;
+    const row = (k, vals, cls) => `<tr class="${cls}"><td>${esc(k)}</td>${vals.map(cell).join("")}</tr>`;
+    $("#runs-compare").innerHTML = `<thead><tr><th></th>${d.runs.map((r, k) => `<th>${esc(label(r.id, ids.indexOf(r.id)))}</th>`).join("")}</tr></thead><tbody>`
+      + d.differ.map(p => row("param " + p.key, p.values, "differ")).join("")
+      + d.metrics.map(m => row("metric " + m.key, m.values, new Set(m.values.map(String)).size > 1 ? "metric" : "metric same")).join("") + "</tbody>";
+    $("#runs-same").hidden = false;
+    $("#runs-same summary").textContent = `${d.same.length} parameters the same in ${d.runs.length === 2 ? "both" : "all " + d.runs.length} (${d.differ.length} differ)`;
+    $("#runs-same tbody").innerHTML = d.same.map(p => `<tr><td>${esc(p.key)}</td><td>${esc(p.value ?? "")}</td></tr>`).join("");
   } catch (e) { $("#runs-error").textContent = e.message; }
 }
 $("#view-open").onclick = guard($("#view-error"), async () => {

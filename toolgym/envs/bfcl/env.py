@@ -10,32 +10,36 @@ rendered in the policy's own chat format like any toolgym tool; names are mapped
 * **Multi-turn** (``multi_turn_base``, ``multi_turn_miss_func``, ``multi_turn_miss_param``,
   ``multi_turn_long_context``): each episode builds its own simulator instances from the entry's ``initial_config``
   (:class:`toolgym.envs.bfcl.simulators.APISession`), in the env's worker process
-  (:mod:`toolgym.envs.bfcl.worker`); the calls of one action run in the order written, each under the executor's
-  tool timeout (``executor_kwargs={"default_timeout_s": ...}``), and their results come back as tool messages; an
-  assistant turn without a call ends the user turn and the env answers with the next user message. At the turn where
+  (:mod:`toolgym.envs.bfcl.worker`, owned by the env: ``close()`` stops it); their methods are tools
+  (:class:`~toolgym.envs.bfcl.worker.SimulatorMethod`) that the env's executor runs like any tool, the calls of one
+  action in the order written, under its timeout (``executor_kwargs={"default_timeout_s": ...}``), metrics, error
+  kinds and result bounds; their results come back as tool messages. An assistant turn without a call ends the user
+  turn and the env answers with the next user message. At the turn where
   BFCL reveals held-out functions (``multi_turn_miss_func``) the message is BFCL's
   (the functions' docs, then "I have updated some more functions you can choose from. What about now?"). As in
   BFCL's executor, any public method of the entry's classes runs when called (its name is checked against the
   simulator's methods; nothing is ``eval``'d). More than BFCL's step limit (20) of steps with calls in one user turn
   ends the episode (BFCL's force-quit: the entry fails).
 
-Reward (:class:`toolgym.envs.bfcl.verdict.BFCLReward`): outcome 1.0 exactly when BFCL's checker says valid; the
-verdict (``valid``, ``error_type``, ``error``, ``truncated``) is ``info["bfcl"]`` on the last step and
-``trajectory.task["bfcl"]``. Multi-turn also has a process reward: each user turn with a non-empty ground truth
-earns ``1 / (number of such turns)`` when BFCL's state and response checks pass for it. A ``reward=`` given to the
-env replaces it (e.g. ``Combine({BFCLReward(): 1.0, my_reward: 0.1})``); ``info["bfcl"]`` is there when that reward
-computes BFCL's verdict.
+Reward (:class:`toolgym.envs.bfcl.verdict.BFCLReward`): outcome 1.0 exactly when BFCL's checker says valid
+(``partial_credit=True`` adds small terms for single-turn answers: docs/bfcl.md); the verdict (``valid``,
+``error_type``, ``error``, ``truncated``, ...) is ``trajectory.task["bfcl"]`` (``info["trajectory"]`` on the last
+step). Multi-turn also has a process reward: each user turn with a non-empty ground truth earns
+``1 / (number of such turns)`` when BFCL's state and response checks pass for it; the env hands each check to the
+reward on the turn that closed the user turn (``Turn.env_checks["bfcl"]``, a
+:class:`~toolgym.envs.bfcl.verdict.TurnCheck`). A ``reward=`` given to the env replaces it (e.g.
+``Combine({BFCLReward(): 1.0, my_reward: 0.1})``; the caller closes a reward it made); the verdict is there when
+that reward computes BFCL's.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from toolgym.envs.base import TRUNCATED_MARK, ToolEnv
+from toolgym.envs.base import ToolEnv
 from toolgym.envs.bfcl.data import (
     CATEGORIES,
     category_kind,
@@ -44,10 +48,8 @@ from toolgym.envs.bfcl.data import (
     parse_categories,
     to_tool_schema,
 )
-from toolgym.envs.bfcl.simulators import CallRejected, check_call
-from toolgym.envs.bfcl.verdict import TURN_CHECKS, BFCLReward, ran_calls
-from toolgym.envs.bfcl.worker import SimulatorSession, SimulatorTimeout, SimulatorWorker
-from toolgym.tools.base import ToolErrorKind, ToolResult, error_text
+from toolgym.envs.bfcl.verdict import CHECK_KEY, BFCLReward, TurnCheck, ran_calls
+from toolgym.envs.bfcl.worker import SimulatorSession, SimulatorWorker
 from toolgym.trajectory import Turn
 
 __all__ = ["BUDGETS", "STEP_LIMIT", "BFCLEnv"]
@@ -108,13 +110,22 @@ class BFCLEnv(ToolEnv):
         split: ``"all"`` (the leaderboard's set), ``"train"`` or ``"test"`` (by a hash of the entry id).
         max_episode_tokens: token budget (default :data:`BUDGETS` of the category's kind).
         step_limit: steps with calls allowed per user turn (BFCL's 20).
-        reward: the episode's reward (default :class:`~toolgym.envs.bfcl.verdict.BFCLReward`, BFCL's verdict).
+        reward: the episode's reward (default :class:`~toolgym.envs.bfcl.verdict.BFCLReward`, BFCL's verdict,
+            using the env's worker process for its multi-turn verdicts).
+        partial_credit: the default reward's partial credit for single-turn answers (``False``: BFCL's binary
+            verdict; ``True`` or ``{"parse": w, "names": w, "keys": w}``: :func:`~toolgym.envs.bfcl.verdict.partial_weights`).
         **kwargs: :class:`~toolgym.envs.base.ToolEnv` options (tokenizer, parser, ...).
+
+    Attributes:
+        worker: the env's simulator process (:class:`~toolgym.envs.bfcl.worker.SimulatorWorker`), started by the first
+            multi-turn call, stopped by :meth:`close`.
+        session: the current multi-turn episode's simulators (``None`` otherwise).
+        user_turn, steps_in_turn: where the multi-turn episode is (0-based user turn; steps with calls in it).
     """
 
     def __init__(self, category: str | Sequence[str] = "simple_python", split: str = "all",
                  max_episode_tokens: int | None = None, step_limit: int = STEP_LIMIT, reward: Any = None,
-                 **kwargs: Any) -> None:
+                 partial_credit: bool | Mapping[str, float] = False, **kwargs: Any) -> None:
         names = [category] if isinstance(category, str) and "," not in category and category in CATEGORIES else (
             parse_categories(category))
         self.categories = list(names)
@@ -127,34 +138,29 @@ class BFCLEnv(ToolEnv):
             raise ValueError(f"BFCL category {category!r} has no entries in split {split!r}")
         n_user_turns = max(len(r["question"]) for r in rows)
         max_turns = 1 if "multi_turn" not in self.kinds else n_user_turns * (self.step_limit + 1) + 1
-        if reward is None:
-            reward = BFCLReward(self.step_limit, per_turn="multi_turn" in self.kinds)
-        kwargs.setdefault("max_obs_tokens", 1024)
         self.worker = SimulatorWorker()
+        if reward is None:
+            reward = BFCLReward(self.step_limit, per_turn="multi_turn" in self.kinds, partial_credit=partial_credit,
+                                checker=self.worker)
+        elif partial_credit:
+            raise ValueError("partial_credit configures the env's default reward; a reward given as reward= brings "
+                             "its own (BFCLReward(partial_credit=...))")
+        kwargs.setdefault("max_obs_tokens", 1024)
         super().__init__(rows, (), reward=reward, max_turns=kwargs.pop("max_turns", max_turns),
                          max_episode_tokens=max_episode_tokens or max(BUDGETS[k] for k in self.kinds), **kwargs)
         self._reset_episode()
 
     # -- episode state -----------------------------------------------------------------------------
     def _reset_episode(self) -> None:
-        self.verdict: dict[str, Any] | None = None
         self.user_turn = 0
         self.steps_in_turn = 0
-        self.force_quit = False
         self._steps: list[list[str]] = []  # the current user turn's steps: the call strings that ran
-        self._results: list[str] = []  # every executed call's result, all turns (BFCL's response check)
-        self.turn_passes: list[bool] = []
         self.session: SimulatorSession | None = None
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The current entry's functions as tool specs (none before the first reset)."""
         return list(self.task.get("tools", [])) if self.task else []
-
-    @property
-    def tool_timeout_s(self) -> float:
-        """Seconds one simulator call may take: the executor's ``default_timeout_s``."""
-        return float(self.executor.default_timeout_s)
 
     def build_messages(self, task: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The entry's first user turn (BFCL's messages, a system message included when the entry has one)."""
@@ -173,73 +179,42 @@ class BFCLEnv(ToolEnv):
             # against the simulators' methods, never eval'd
             self.session = SimulatorSession(self.worker, task["involved_classes"], task["initial_config"],
                                             long_context="long_context" in self.category)
-            task[TURN_CHECKS] = []
         return obs, info
 
     # -- the environment's answer ------------------------------------------------------------------
     async def env_response(self, turn: Turn) -> list[dict[str, Any]] | None:
         if self.kind != "multi_turn":
             return None  # single-turn: the calls are checked, never run
-        good = [c for c in turn.calls if c.parse_error is None]
-        if not good:
+        if not any(c.parse_error is None for c in turn.calls):
             return await self._end_user_turn(turn)
-        assert self.session is not None
-        timeout = self.tool_timeout_s
-        allowed = await self.session.open(timeout)
-        metrics = self.executor.metrics
-        results = []
-        for c in turn.calls:
-            if c.parse_error is not None:
-                results.append(ToolResult(c, error_text(ToolErrorKind.PARSE_ERROR, c.parse_error),
-                                          ToolErrorKind.PARSE_ERROR))
-                continue
-            try:
-                name, args = check_call(c.name, c.arguments, list(allowed))
-            except CallRejected as e:
-                kind = ToolErrorKind.UNKNOWN_TOOL if c.name not in allowed else ToolErrorKind.INVALID_ARGUMENTS
-                results.append(ToolResult(c, error_text(kind, str(e)), kind))
-                continue
-            t0 = time.perf_counter()
-            try:  # in the order written: the calls of one action change state
-                out = await self.session.call(name, args, timeout)
-            except SimulatorTimeout:
-                why = error_text(ToolErrorKind.TIMEOUT, f"tool {name!r} timed out after {timeout:g} s")
-                results.append(ToolResult(c, why, ToolErrorKind.TIMEOUT, time.perf_counter() - t0, attempts=1))
-                continue
-            self._results.append(out)
-            failed = out.startswith("Error during execution")
-            results.append(ToolResult(c, out, ToolErrorKind.EXCEPTION if failed else None, time.perf_counter() - t0,
-                                      attempts=1))
-        for r in results:  # the executor's metrics count simulator calls like any tool call
-            metrics.calls[r.call.name or "<unparsed>"] += 1
-            if r.error_kind is not None:
-                metrics.errors[r.error_kind.value] += 1
-            if r.attempts:
-                metrics.latencies_s[r.call.name].append(r.latency_s)
-            if len(r.content) > self.max_obs_chars:
-                r.content = r.content[: self.max_obs_chars] + TRUNCATED_MARK
-        turn.results = results
+        session = self.session
+        assert session is not None
+        tools = await session.tools(self.executor.default_timeout_s)
+        # in the order written: the calls of one action change state
+        turn.results = await self.run_calls(turn.calls, tools, in_order=True)
+        if session.fault is not None:  # the worker failed (not a call): the episode ends with the fault
+            raise session.fault
         step = ran_calls(turn)
         if step:
             self._steps.append(step)
         self.steps_in_turn += 1
         if self.steps_in_turn > self.step_limit:
-            self.force_quit = True
-            return None
-        return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in results]
+            return None  # BFCL's force-quit: the reward's verdict fails the entry
+        return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in turn.results]
 
     async def _end_user_turn(self, turn: Turn) -> list[dict[str, Any]] | None:
-        """Close the current user turn (BFCL's per-turn checks, recorded under ``task[TURN_CHECKS]`` for the
-        reward) and answer with the next one (``None``: done)."""
-        assert self.session is not None
+        """Close the current user turn (BFCL's per-turn checks, handed to the reward as ``turn.env_checks["bfcl"]``)
+        and answer with the next one (``None``: done)."""
+        session = self.session
+        assert session is not None
         k = self.user_turn
         truth = self.task["ground_truth"][k]
         if truth:
-            timeout = self.tool_timeout_s
-            truth_results = [await self.session.call_ground_truth(s, timeout) for s in truth]
-            v = await self.session.check_turn(self._results, truth_results, k, any(self._steps), timeout)
-            self.turn_passes.append(bool(v["valid"]))
-            self.task[TURN_CHECKS].append({"turn": turn.index, "user_turn": k, **v})
+            timeout = self.executor.default_timeout_s
+            truth_results = [await session.call_ground_truth(s, timeout) for s in truth]
+            v = await session.check_turn(session.results, truth_results, k, any(self._steps), timeout)
+            turn.env_checks[CHECK_KEY] = TurnCheck(user_turn=k, valid=bool(v["valid"]), error_type=v["error_type"],
+                                                   error=str(v["error"]))
         self._steps, self.steps_in_turn = [], 0
         self.user_turn = k = k + 1
         question = self.task["question"]
@@ -254,18 +229,10 @@ class BFCLEnv(ToolEnv):
             return [{"role": "user", "content": text}]
         return [dict(m) for m in question[k]]
 
-    async def astep(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = await super().astep(action)
-        if terminated or truncated:
-            v = self.trajectory.task.get("bfcl") if self.trajectory is not None else None
-            if v is not None:
-                self.verdict = dict(v)
-                info["bfcl"] = dict(v)
-        return obs, reward, terminated, truncated, info
-
     def close(self) -> None:
-        """Stop the simulator process and close the executor this env owns."""
-        self.worker.kill()
+        """Stop the simulator process (the default reward's checker too: it is the same) and close the executor
+        this env owns."""
+        self.worker.close()
         super().close()
 
     # -- oracle ------------------------------------------------------------------------------------

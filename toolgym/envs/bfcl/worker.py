@@ -5,9 +5,13 @@ exponent=100000000)`` computes a number of some 85 million digits. A worker thre
 ``int`` power runs in one C call that holds the GIL, so the event loop (every other episode) stops until it returns,
 and a thread cannot be stopped anyway. So each :class:`~toolgym.envs.bfcl.env.BFCLEnv` runs its episode's simulator
 instances (the model's and the ground truth's) in one child process, :func:`main`, started on the first multi-turn
-call and kept across episodes; the env awaits each answer under the tool timeout (the loop watches the pipe; no
-thread waits). A call that outruns it kills the process (nothing is left running), answers ``timeout``, and the next
-call starts a fresh process that replays the episode's completed calls (the simulators are deterministic) first.
+call and kept across episodes; the env owns it and :meth:`SimulatorWorker.close` (the env's ``close``) stops it.
+The model's calls are tools (:class:`SimulatorMethod`, one per simulator method, from
+:meth:`SimulatorSession.tools`) that the env's :class:`~toolgym.tools.executor.ToolExecutor` runs like any tool, in
+the order written, under its timeout, metrics and error kinds; the answer is awaited on the loop (the loop watches
+the pipe; no thread waits). A call that outruns the timeout is cancelled, which kills the process (nothing is left
+running); the executor answers ``timeout``, and the next call starts a fresh process that replays the episode's
+completed calls (the simulators are deterministic) first.
 
 The protocol is one JSON object per line: requests on the child's stdin, replies on a copy of its stdout (what the
 simulators print goes to stderr, which is discarded). Every value crossing is JSON: call arguments are JSON values
@@ -26,9 +30,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.envs.bfcl.simulators import keyword_form, simulator_classes
+from toolgym.envs.bfcl.simulators import CallRejected, check_call, keyword_form, simulator_classes
+from toolgym.tools.base import Tool, ToolError, ToolErrorKind
 
-__all__ = ["SimulatorSession", "SimulatorTimeout", "SimulatorWorker", "main"]
+__all__ = ["SimulatorMethod", "SimulatorSession", "SimulatorTimeout", "SimulatorWorker", "main"]
 
 
 class SimulatorTimeout(TimeoutError):
@@ -94,19 +99,29 @@ class SimulatorWorker:
         self.starts += 1
         return proc
 
+    @property
+    def pid(self) -> int | None:
+        """The running process's id (``None`` when none runs)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def kill(self) -> None:
-        """Stop the process (a later request starts a fresh one)."""
+        """Stop the process and reap it (a later request starts a fresh one)."""
         if self._finalizer is not None:
             self._finalizer()
         self._proc, self._loaded, self._finalizer = None, None, None
 
-    async def request(self, session: SimulatorSession, req: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    close = kill  #: what an owner calls when done (the process is also killed when the worker is collected or at exit)
+
+    async def request(self, session: SimulatorSession, req: Mapping[str, Any],
+                      timeout_s: float | None) -> dict[str, Any]:
         """Send ``req`` for ``session`` (loading it first, by replay, when the process holds another or none) and
-        await the reply, at most ``timeout_s`` seconds (:class:`SimulatorTimeout` after killing the process)."""
+        await the reply, at most ``timeout_s`` seconds (:class:`SimulatorTimeout` after killing the process;
+        ``None``: until the caller's own timeout cancels it, which kills the process)."""
         async with self._lock:
             if self._loaded is not session or self._proc is None or self._proc.poll() is not None:
                 n = len(session.history)
-                await self._ask({"op": "open", **session.spec, "replay": session.history}, timeout_s * (1 + n))
+                bound = None if timeout_s is None else timeout_s * (1 + n)
+                await self._ask({"op": "open", **session.spec, "replay": session.history}, bound)
                 self._loaded = session
             return await self._ask(req, timeout_s)
 
@@ -156,6 +171,9 @@ class SimulatorSession:
     Attributes:
         methods: public method name -> class name (``{}`` until the first call opened the session).
         history: the completed operations, replayed into a fresh process after a kill.
+        results: the result text of every model call that ran, in order (BFCL's response check reads them).
+        fault: the worker failure (not the call's) a :class:`SimulatorMethod` met, else ``None``; the env ends the
+            episode with it.
     """
 
     def __init__(self, worker: SimulatorWorker, involved_classes: Sequence[str], initial_config: Mapping[str, Any],
@@ -165,6 +183,9 @@ class SimulatorSession:
         self.classes = simulator_classes(involved_classes)
         self.methods: dict[str, str] = {}
         self.history: list[list[Any]] = []
+        self.results: list[str] = []
+        self.fault: RuntimeError | None = None
+        self._tools: dict[str, SimulatorMethod] = {}
 
     def keyword_form(self, text: str) -> tuple[str, dict[str, Any]]:
         """A ground-truth call string as ``(name, keyword arguments)`` (read from the classes in this process)."""
@@ -176,10 +197,18 @@ class SimulatorSession:
             self.methods = (await self.worker.request(self, {"op": "methods"}, timeout_s))["methods"]
         return self.methods
 
-    async def call(self, name: str, arguments: Mapping[str, Any], timeout_s: float) -> str:
-        """Run one checked call on the model's instances; the result text BFCL's executor would give."""
+    async def tools(self, timeout_s: float) -> dict[str, SimulatorMethod]:
+        """The session's methods as tools for the executor (:meth:`open` first, at most ``timeout_s`` seconds)."""
+        if not self._tools:
+            self._tools = {m: SimulatorMethod(self, m) for m in await self.open(timeout_s)}
+        return self._tools
+
+    async def call(self, name: str, arguments: Mapping[str, Any], timeout_s: float | None = None) -> str:
+        """Run one checked call on the model's instances; the result text BFCL's executor would give (also appended
+        to :attr:`results`). ``timeout_s``: see :meth:`SimulatorWorker.request`."""
         out = (await self.worker.request(self, {"op": "call", "name": name, "args": dict(arguments)}, timeout_s))["out"]
         self.history.append(["call", name, dict(arguments)])
+        self.results.append(str(out))
         return str(out)
 
     async def call_ground_truth(self, text: str, timeout_s: float) -> str:
@@ -194,6 +223,36 @@ class SimulatorSession:
         req = {"op": "check", "model_results": list(model_results), "truth_results": list(truth_results),
                "turn": int(turn_index), "model_called": bool(model_called)}
         return dict((await self.worker.request(self, req, timeout_s))["verdict"])
+
+
+class SimulatorMethod(Tool):
+    """One simulator method of an episode as a tool the executor runs (never cached: calls change the state).
+
+    The executor bounds it (its ``default_timeout_s``; cancelling the call kills the worker process) and records
+    its metrics. :meth:`acall` checks the call (:func:`~toolgym.envs.bfcl.simulators.check_call`: identifier
+    argument keys, JSON values; else ``invalid_arguments``) and returns the simulator's answer as BFCL's executor
+    writes it; a method that raised answers ``Error during execution: ...``, reported as an ``exception`` result.
+    """
+
+    cacheable = False
+
+    def __init__(self, session: SimulatorSession, name: str) -> None:
+        self.session, self.name = session, name
+        self.description = f"{session.methods.get(name, 'simulator')}.{name}"
+
+    async def acall(self, arguments: Mapping[str, Any]) -> str:
+        try:
+            name, args = check_call(self.name, arguments, [self.name])
+        except CallRejected as e:
+            raise ToolError(str(e), kind=ToolErrorKind.INVALID_ARGUMENTS) from None
+        try:
+            out = await self.session.call(name, args)
+        except RuntimeError as e:  # the process failed, not the call: the env ends the episode (SimulatorSession.fault)
+            self.session.fault = e
+            raise
+        if out.startswith("Error during execution"):
+            raise ToolError(out)
+        return out
 
 
 # -- the child process -----------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from toolgym.format.families.common import ToolCallBlocks, render_text_calls
@@ -63,6 +64,22 @@ class Glm45Parser(SchemaTypedParameters, ToolCallBlocks, ToolCallParser):
     template_markers = (("<arg_key>", "<arg_value>"),)
     turn_closed_by_header = True
 
+
+    def read_union_member(self, raw: str, spec: Any, read: Callable[[str, Any], Any]) -> Any:
+        """A parameter only a root union's branches declare: a JSON string (``"text"``) is its content when the
+        fitting declarations admit a string, whatever they are. Both engines read it so: vLLM's GLM parsers look
+        a parameter's type up in the root's ``properties`` only, so such a parameter is untyped there and its JSON
+        is read (quotes lost once); SGLang's GLM detectors unquote a JSON string of a string parameter. Any other
+        text is read by :func:`_read` with the fitting declarations."""
+        try:
+            value = json.loads(raw)
+        except (ValueError, RecursionError):
+            value = None
+        if isinstance(value, str):
+            types = value_types(spec, value) if spec is not None else None
+            if types is None or "string" in types:
+                return value
+        return read(raw, spec)
 
     def close_token(self, parsed: ParsedTurn) -> str | None:
         return "<|observation|>" if parsed.calls else "<|user|>"

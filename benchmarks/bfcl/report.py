@@ -1,5 +1,5 @@
 """The BFCL learning experiment's report, computed from the committed stage results alone
-(``benchmarks/results/bfcl/``): ``python benchmarks/bfcl.py --seeds 0 1 2 --report``.
+(``benchmarks/bfcl/results/``): ``python -m benchmarks.bfcl --seeds 0 1 2 --report``.
 
 Tables, in Markdown: per seed, the leaderboard's summary columns for untrained -> warm start -> GRPO with GRPO's own
 paired gain (95% CI over entries); that gain across seeds (per seed, mean, t-interval over seeds, hierarchical
@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bfcl import (
+from benchmarks.bfcl.protocol import (
     NON_LIVE_AST,
     OOD_AST,
     PUBLISHED,
@@ -28,8 +28,8 @@ from benchmarks.bfcl import (
     protocol,
     warmstart_config,
 )
-from benchmarks.credit import across_seeds
-from benchmarks.stages import Stage
+from benchmarks.common.stages import Stage
+from benchmarks.common.stats import across_seeds
 
 NOWHERE = Path("/nonexistent")  # no stage directory: a stage's result is read from the results directory alone
 
@@ -37,37 +37,43 @@ NOWHERE = Path("/nonexistent")  # no stage directory: a stage's result is read f
 GOAL_POINTS = 10
 
 
+def checkpoint_table(proto: dict[str, Any], results: Path, tag: str, parent_key: str | None) -> dict[str, Any] | None:
+    """The finished categories of one checkpoint (its evaluation stages of ``proto``, read from ``results``): rows,
+    per-entry verdicts (``entries``: 1.0 / 0.0) and BFCL error types, summed cost; the summary columns once every
+    in-distribution category is finished."""
+    from toolgym.evaluation.bfcl import summary_columns
+
+    rows, entries, errors, cost = {}, {}, {}, {"wall_s": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0}
+    plan = eval_plan(proto, tag, parent_key)
+    for ev in plan:
+        r = Stage(NOWHERE, ev["name"], ev["config"], results).result()
+        if r is not None:
+            rows[ev["config"]["category"]] = r["row"]
+            for e in r["entries"]:
+                key = (e["category"], str(e["id"]))
+                entries[key], errors[key] = float(e["valid"]), e.get("error_type")
+            cost["wall_s"] += r.get("wall_s") or 0.0
+            cost["cpu_s"] += r.get("cpu_s") or 0.0
+            cost["peak_rss_mb"] = max(cost["peak_rss_mb"], r.get("peak_rss_mb") or 0.0)
+    if not rows:
+        return None
+    in_dist = {c: row for c, row in rows.items() if c in proto["categories"]}
+    complete = len(rows) == len(plan)
+    done = rows if complete else in_dist  # no live column from part of the live categories
+    summary = summary_columns(done) if len(in_dist) == len(proto["categories"]) else {}
+    return {"rows": rows, "summary": summary,
+            "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}",
+            "complete": complete}
+
+
 def collect_results(args: argparse.Namespace) -> dict[str, Any]:
     """Every finished stage's per-entry verdicts and figures, read from ``--results`` alone."""
     from toolgym.evaluation import paired_difference_ci
-    from toolgym.evaluation.bfcl import summary_columns
 
     results, proto = Path(args.results), protocol(args)
 
     def table(tag: str, parent_key: str | None) -> dict[str, Any] | None:
-        """The finished categories of one checkpoint: rows, per-entry verdicts (``entries``: 1.0 / 0.0) and BFCL
-        error types, summed cost; the summary columns once every in-distribution category is finished."""
-        rows, entries, errors, cost = {}, {}, {}, {"wall_s": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0}
-        plan = eval_plan(proto, tag, parent_key)
-        for ev in plan:
-            r = Stage(NOWHERE, ev["name"], ev["config"], results).result()
-            if r is not None:
-                rows[ev["config"]["category"]] = r["row"]
-                for e in r["entries"]:
-                    key = (e["category"], str(e["id"]))
-                    entries[key], errors[key] = float(e["valid"]), e.get("error_type")
-                cost["wall_s"] += r.get("wall_s") or 0.0
-                cost["cpu_s"] += r.get("cpu_s") or 0.0
-                cost["peak_rss_mb"] = max(cost["peak_rss_mb"], r.get("peak_rss_mb") or 0.0)
-        if not rows:
-            return None
-        in_dist = {c: row for c, row in rows.items() if c in proto["categories"]}
-        complete = len(rows) == len(plan)
-        done = rows if complete else in_dist  # no live column from part of the live categories
-        summary = summary_columns(done) if len(in_dist) == len(proto["categories"]) else {}
-        return {"rows": rows, "summary": summary,
-                "entries": entries, "errors": errors, "cost": cost, "stages": f"{len(rows)}/{len(plan)}",
-                "complete": complete}
+        return checkpoint_table(proto, results, tag, parent_key)
 
     def gain(a: dict[str, Any], b: dict[str, Any], cats: tuple[str, ...]) -> dict[str, float] | None:
         """The paired difference b - a over the entries of ``cats`` (``None`` until both evaluated all of them)."""
@@ -109,7 +115,7 @@ def _paired(a: dict[str, Any] | None, b: dict[str, Any] | None,
 
 def _across(r: dict[str, Any], cats: tuple[str, ...]) -> dict[str, Any]:
     """GRPO's own gain on ``cats`` across the seeds whose warm start and GRPO are evaluated on all of them
-    (:func:`benchmarks.credit.across_seeds`: per-seed gains, their mean, the t-interval over seeds, the
+    (:func:`benchmarks.common.stats.across_seeds`: per-seed gains, their mean, the t-interval over seeds, the
     hierarchical bootstrap CI)."""
     pairs = {seed: p for seed, s in r["seeds"].items() if (p := _paired(s["warm_table"], s["grpo_table"], cats))}
     return across_seeds({seed: p[0] for seed, p in pairs.items()}, {seed: p[1] for seed, p in pairs.items()})

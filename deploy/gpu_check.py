@@ -8,13 +8,13 @@ Stages, each a subprocess under its own time limit (a stage that fails or times 
    success before training, after the warm start and after GRPO, and GRPO's own paired gain.
 3. ``chain``: a few GRPO steps of the turn-level trainer (``--advantage turn_return``) on CalculatorChain-v0
    (``toolgym train grpo --config grpo_chain_turn_cpu``) on the device.
-4. ``generation``: ``benchmarks/generate_vs_bare.py`` at N = 64 / 256 / 512 episodes: toolgym's generation against
+4. ``generation``: ``python -m benchmarks.generate_vs_bare`` at N = 64 / 256 / 512 episodes: toolgym's generation against
    bare ``model.generate`` on the same prompts, same tokens checked, as ratios.
 
-Run (from a checkout; on a node without network, first install the bundle of ``benchmarks/gpu_bundle.py``)::
+Run (from a checkout; on a node without network, first install the bundle of ``deploy/gpu_bundle.py``)::
 
-    python -m benchmarks.gpu_check --out runs/gpu-check            # on a CUDA machine
-    python -m benchmarks.gpu_check --device cpu --smoke --out DIR   # every stage at toy size, on a CPU (tests)
+    python -m deploy.gpu_check --out runs/gpu-check            # on a CUDA machine
+    python -m deploy.gpu_check --device cpu --smoke --out DIR   # every stage at toy size, on a CPU (tests)
 
 Without a GPU and without ``--device cpu`` it exits 3 and says so. Writes ``OUT/gpu_check.json`` and
 ``OUT/gpu_check.md``; exit status 0 when every stage passed, 1 otherwise.

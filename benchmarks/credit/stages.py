@@ -1,4 +1,4 @@
-"""Resumable stages of ``benchmarks/credit.py``: configuration keys, done markers, results records, checkpoints.
+"""Resumable stages of ``python -m benchmarks.credit``: configuration keys, done markers, results records, checkpoints.
 
 A *stage* is one unit of the credit protocol that is either finished or not: the shared warm start, its held-out
 evaluation, one GRPO arm with its mid-budget and final evaluations. Its :class:`Stage` ``spec`` holds everything
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stages import config_key, machine, read_json, write_json
+from benchmarks.common.stages import config_key, machine, read_json, write_json
 
 __all__ = ["PROTOCOL", "Stage", "finish", "latest_checkpoint", "load_done", "state_digest", "system_info",
            "write_json"]
@@ -122,6 +122,6 @@ def state_digest(state_dict: Mapping[str, Any]) -> str:
 
 
 def system_info(threads: int | None = None) -> dict[str, Any]:
-    """Where a stage ran: :func:`benchmarks.stages.machine` (CPU model, cores, bfloat16 units, library versions) and
+    """Where a stage ran: :func:`benchmarks.common.stages.machine` (CPU model, cores, bfloat16 units, library versions) and
     the torch threads it used."""
     return {**machine(), "threads": threads}

@@ -1,7 +1,7 @@
 """The oracle (BFCL's ground truth in toolgym's call format) on every entry of every served BFCL category, scored
 by BFCL's checkers: how many entries the ground truth passes, per category (docs/bfcl.md quotes the result).
 
-    python benchmarks/bfcl_oracle.py [--categories all] [--max-turn-tokens 1024]
+    python -m benchmarks.bfcl.oracle [--categories all] [--max-turn-tokens 1024]
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""The environment tabs' API: the tool playground (``/api/tools/*``: load an env's or an MCP config's tools, call
+one), the reward composer (``/api/rewards/score``) and Play an episode (``/api/play``: one episode as a job, then
+its trajectory row)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+
+from trainers.ui import commands as C
+from trainers.ui.playground import UIError, score_file
+from trainers.ui.state import UIDep, read_json
+
+__all__ = ["router"]
+
+router = APIRouter()
+
+
+@router.post("/api/tools/load")
+async def tools_load(request: Request, ui: UIDep) -> Any:
+    d = await read_json(request)
+    if d.get("env"):
+        tools = await run_in_threadpool(ui.tools.load_env, str(d["env"]))
+    else:
+        tools = await run_in_threadpool(ui.tools.load_mcp, str(d.get("config", "")))
+    return {"source": ui.tools.source, "tools": tools}
+
+
+@router.post("/api/tools/call")
+async def tools_call(request: Request, ui: UIDep) -> Any:
+    d = await read_json(request)
+    return await run_in_threadpool(ui.tools.call, str(d.get("name", "")), str(d.get("arguments", "")))
+
+
+@router.post("/api/rewards/score")
+async def rewards_score(request: Request, ui: UIDep) -> Any:
+    d = await read_json(request)
+    path = C.inside(ui.runs, str(d.get("file", "")), what="trajectory file")
+    parts = d.get("parts")
+    if not isinstance(parts, list):
+        raise UIError("parts must be a list of {name, weight}")
+    return await run_in_threadpool(score_file, path, parts)
+
+
+@router.post("/api/play")
+async def play(request: Request, ui: UIDep) -> Any:
+    d = await read_json(request)
+    try:
+        seed = int(d.get("seed", 0))
+    except (TypeError, ValueError):
+        raise UIError(f"bad seed {d.get('seed')!r}: a whole number from 0") from None
+    argv, out = C.play_argv(ui.runs, str(d.get("policy", "")), str(d.get("env", "")),
+                            str(d.get("split", "test")), seed)
+    return ui.jobs.launch("play", argv, title=f"play {d.get('env')} with {d.get('policy')}",
+                          extra={"command": C.display(argv), "play_out": str(out)})
+
+
+@router.get("/api/play/{job_id}")
+def play_episode(job_id: str, ui: UIDep) -> Any:
+    """The played job's state and, once written, its episode (the validated trajectory row)."""
+    from toolgym.trajectory import Trajectory, TrajectoryFileError, read_trajectories
+
+    st = ui.jobs.state(job_id, log=True, metrics=False)
+    if st.get("kind") != "play":
+        raise UIError(f"job {job_id} is not an episode played from the Play page")
+    path = Path(st["play_out"])
+    st["episode"] = None
+    if path.is_file():
+        try:
+            rows = read_trajectories(path)
+        except (TrajectoryFileError, ValueError, OSError) as e:
+            raise UIError(str(e)) from None
+        st["episode"] = rows[0] if rows else None
+        st["answer"] = Trajectory.from_dict(rows[0]).answer if rows else None
+        st["view"] = str(path.relative_to(ui.runs))
+    return st
