@@ -160,6 +160,12 @@ def test_env_reward_passes_through_and_logs_metrics():
     assert logged["toolgym/groups_with_success"] == 0.5 and logged["toolgym/success"] == 1 / 6
     with pytest.raises(ValueError, match="env_reward"):
         env_reward(prompts=["a"], completions=["x"])
+    # each reward component is averaged over the episodes whose reward has it (BFCL: irrelevance has no parse term)
+    env_reward(env_reward=[1.3, 0.2, 1.0], env_reward_components=[
+        {"bfcl_valid": 1.0, "bfcl_parse": 1.0}, {"bfcl_valid": 0.0, "bfcl_parse": 1.0}, {"bfcl_valid": 1.0}],
+        log_metric=logged.__setitem__)
+    assert logged["toolgym/reward_components/bfcl_valid"] == pytest.approx(2 / 3)
+    assert logged["toolgym/reward_components/bfcl_parse"] == 1.0
 
 
 def test_prompt_key_forms():

@@ -255,6 +255,7 @@ class ToolgymRollout:
             "env_turns": [len(t.turns) for t in trajs],
             "env_truncated": [bool(t.truncated) for t in trajs],
             "env_errors": [list(t.error_kinds) for t in trajs],
+            "env_reward_components": [{k: float(v) for k, v in t.reward_components.items()} for t in trajs],
             "task_id": [str(t.task.get("id", "")) for t in trajs],
             "env_turn_rewards": [[float(x) for x in t.turn_rewards] for t in trajs],
             "env_turn_spans": [[[u.action_start, u.action_end] for u in t.turns] for t in trajs],
@@ -316,6 +317,7 @@ def env_reward(
     env_truncated: list[bool] | None = None,
     env_errors: list[list[str]] | None = None,
     env_empty: list[bool] | None = None,
+    env_reward_components: list[dict[str, float]] | None = None,
     task_id: list[str] | None = None,
     log_metric: Any = None,
     **_: Any,
@@ -325,7 +327,9 @@ def env_reward(
     episode, turns, truncated fraction, ``toolgym/groups_with_success`` (the share of this rank's tasks with at
     least one successful sample: the groups that give an outcome reward anything to learn from) and
     ``toolgym/errors/<kind>`` (errors per episode) for every :class:`~toolgym.tools.base.ToolErrorKind` (always all
-    kinds, so every rank logs the same names)."""
+    kinds, so every rank logs the same names) and ``toolgym/reward_components/<name>``: each component of the env's
+    reward (``Trajectory.reward_components``, e.g. BFCL's verdict and partial-credit terms), averaged over the
+    episodes whose reward has it."""
     if env_reward is None:
         raise ValueError("env_reward needs the `env_reward` field: use it with trainers.grpo.rollout_adapter.ToolgymRollout")
     n = len(env_reward)
@@ -349,4 +353,8 @@ def env_reward(
         if env_errors is not None:
             for kind in ToolErrorKind:
                 log_metric(f"toolgym/errors/{kind.value}", sum(e.count(kind.value) for e in env_errors) / n)
+        if env_reward_components is not None:
+            for name in sorted({k for c in env_reward_components for k in c}):
+                xs = [c[name] for c in env_reward_components if name in c]
+                log_metric(f"toolgym/reward_components/{name}", float(np.mean(xs)))
     return [float(r) for r in env_reward]
