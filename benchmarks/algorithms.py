@@ -15,7 +15,7 @@ other rows are what the same budget buys with another algorithm:
   start solves 0/64 train samples). Evaluation tokens are not counted.
 
   - ``sft``: oracle episodes (train split) in rounds of 16, one masked-SFT epoch per round (lr 5e-5, the warm
-    start's: :func:`trainers.sft.masked_sft`);
+    start's: ``trainers.ALGORITHMS["sft"]``, ``update: masked``);
   - ``rft``: rounds of one sampled episode for each of 16 tasks, keep reward 1, one masked-SFT epoch on them
     (rejection sampling from the model itself, iterated; ``k`` = the rounds the budget allowed);
   - ``dpo``: rounds of 4 tasks x 4 episodes, up to 2 pairs per task (reward margin 0.5), one DPO epoch
@@ -109,9 +109,8 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
     episodes) from ``a.base`` (``embedded``: SmolLM2-135M; ``tiny``: a random 3.2M-parameter Llama, for pipeline
     checks only; or a model path), saved with the compact template to ``out/warm`` (reused when present)."""
     from toolgym.checkpoint import save_checkpoint
-    from toolgym.evaluation import oracle_policy
     from toolgym.models import load_model, load_tokenizer, tiny_random_model
-    from trainers.sft import collect, masked_sft
+    from trainers import ALGORITHMS
 
     target = out / "warm"
     if (target / "config.json").is_file():
@@ -124,11 +123,17 @@ def warm_start(out: Path, a: argparse.Namespace) -> Path:
         model = tiny_random_model(tok)
     else:
         model, tok = load_model(None if a.base == "embedded" else a.base)
-    kept, _ = collect(ENV, oracle_policy(), _tasks("train", a.warm_episodes, a.seed + 1), seeds=a.seed,
-                      num_envs=16, max_turn_tokens=a.max_turn_tokens, env_kwargs=env_kwargs(tok))
-    losses = masked_sft(model, kept, steps=a.warm_steps, lr=a.warm_lr, batch_size=8, seed=a.seed)
-    print(f"[algorithms] warm start: {a.warm_steps} masked-SFT steps on {len(kept)} oracle episodes, loss "
-          + " -> ".join(f"{x:.2f}" for x in losses), flush=True)
+    sft = ALGORITHMS["sft"]  # masked SFT on oracle episodes: one round, a.warm_steps steps of 8
+    conf = sft.Config(env_id=ENV, env_kwargs={k: v for k, v in env_kwargs(tok).items() if k != "tokenizer"},
+                      policy="oracle", episodes=a.warm_episodes, task_seed=a.seed, num_envs=16,
+                      max_turn_tokens=a.max_turn_tokens, update="masked", save_model=False,
+                      trl=dict(output_dir=_tmp(a, "warm_sft"), max_steps=a.warm_steps, learning_rate=a.warm_lr,
+                               per_device_train_batch_size=8, seed=a.seed, report_to=[], use_cpu=True,
+                               disable_tqdm=True))
+    result = sft.run(conf, model=model, tokenizer=tok, tasks=_tasks("train", a.warm_episodes, a.seed + 1))
+    losses = result.metrics["loss"]
+    print(f"[algorithms] warm start: {a.warm_steps} masked-SFT steps on {result.metrics['kept']} oracle episodes, "
+          "loss " + " -> ".join(f"{x:.2f}" for x in losses), flush=True)
     return save_checkpoint(model, tok, target, chat_template=prompt_kwargs().get("chat_template"))
 
 
