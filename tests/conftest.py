@@ -2,8 +2,10 @@
 
 One pytest process runs every module in turn. Models, tokenizers and episodes a module loads are freed when its
 fixtures end, but glibc keeps the freed blocks of its heap resident, so without help the process's resident memory
-ratchets up to the sum of what earlier modules held. After each module's teardown this collects garbage and hands
-freed heap pages back to the OS (:func:`toolgym.resources.release_memory`).
+ratchets up to the sum of what earlier modules held. After each module's teardown this empties the per-process
+caches of the real tokenizers the tests build (``tests/tokenizers.py``: the next module that needs one builds it
+again, in seconds), collects garbage and hands freed heap pages back to the OS
+(:func:`toolgym.resources.release_memory`).
 
 With ``TOOLGYM_TEST_MEMORY=FILE`` each module's peak resident memory (sampled every 20 ms while the module runs), its
 resident memory after the release, and its wall seconds are appended to ``FILE`` as one JSON line per module
@@ -47,6 +49,17 @@ class _Sampler:
         return max(self.peak, current_rss_mb() or 0.0)
 
 
+def _clear_test_caches() -> None:
+    """Empty the ``functools.cache`` of every tokenizer builder in ``tests/tokenizers.py`` (when imported)."""
+    import sys
+
+    module = sys.modules.get("tests.tokenizers")
+    for value in vars(module).values() if module is not None else ():
+        clear = getattr(value, "cache_clear", None)
+        if callable(clear):
+            clear()
+
+
 def _module_of(item: pytest.Item | None) -> str | None:
     return None if item is None else item.nodeid.split("::", 1)[0]
 
@@ -62,6 +75,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     yield  # the module's fixtures end here when the next test is in another module
     if _module_of(nextitem) == _module_of(item):
         return
+    _clear_test_caches()
     release_memory()
     sampler = _state.pop("sampler", None)
     if _RECORD and sampler is not None:

@@ -53,8 +53,8 @@ def test_a_config_with_a_warper_it_does_not_rebuild_is_left_to_transformers():
 
 
 def test_generate_samples_the_first_token_from_the_models_distribution():
-    """The tiny model's first sampled token over 6,000 rows of one prompt, through ``generate()`` with the wrapper,
-    against the model's own next-token distribution after temperature and top-k."""
+    """The tiny model's first sampled token over 6,000 rows of one prompt (6 calls of 1,000), through ``generate()``
+    with the wrapper, against the model's own next-token distribution after temperature and top-k."""
     from transformers import GenerationConfig
 
     from toolgym.models import load_tokenizer, tiny_random_model
@@ -70,9 +70,11 @@ def test_generate_samples_the_first_token_from_the_models_distribution():
     probs[top.indices] = torch.softmax(top.values / 0.8, dim=0)
     n = 6_000
     torch.manual_seed(0)
+    chunk = 1_000  # rows per generate() call: 6,000 rows at once hold several (rows x 49,152) float32 score tensors
     with torch.no_grad(), inverse_cdf_sampling(model):
         assert "generate" in vars(model)
-        out = model.generate(input_ids=ids.repeat(n, 1), generation_config=config)
+        out = torch.cat([model.generate(input_ids=ids.repeat(chunk, 1), generation_config=config)
+                         for _ in range(n // chunk)])
     assert "generate" not in vars(model)  # restored
     first = out[:, ids.shape[1]]
     counts = torch.bincount(first, minlength=len(logits)).double()

