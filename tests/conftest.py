@@ -7,46 +7,25 @@ caches of the real tokenizers the tests build (``tests/tokenizers.py``: the next
 again, in seconds), collects garbage and hands freed heap pages back to the OS
 (:func:`toolgym.resources.release_memory`).
 
-With ``TOOLGYM_TEST_MEMORY=FILE`` each module's peak resident memory (sampled every 20 ms while the module runs), its
-resident memory after the release, and its wall seconds are appended to ``FILE`` as one JSON line per module
-(MiB), which is how docs/reliability.md's "Test-suite memory" figures are made.
+With ``TOOLGYM_TEST_MEMORY=FILE`` each module is a phase of :class:`toolgym.resources.Phases`: its peak resident
+memory (sampled while the module runs), its resident memory after the release (MiB) and its wall seconds are
+appended to ``FILE``, one JSON line per module: docs/reliability.md's "Test-suite memory" figures.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from toolgym.resources import current_rss_mb, release_memory
+from toolgym.resources import Phases, current_rss_mb, release_memory
 
 _RECORD = os.environ.get("TOOLGYM_TEST_MEMORY")
-_state: dict[str, Any] = {}
-
-
-class _Sampler:
-    """The largest ``VmRSS`` (MiB) seen while it runs, sampled by a daemon thread."""
-
-    def __init__(self, interval_s: float = 0.02) -> None:
-        import threading
-
-        self.peak = current_rss_mb() or 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True, name="test-rss-sampler")
-        self._thread.start()
-
-    def _run(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            self.peak = max(self.peak, current_rss_mb() or 0.0)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, current_rss_mb() or 0.0)
+#: one phase per test module (``Phases.mark`` ends the open one and releases memory before the next)
+_phases = Phases() if _RECORD else None
+_state: dict[str, str | None] = {"module": None}
 
 
 def _clear_test_caches() -> None:
@@ -66,22 +45,25 @@ def _module_of(item: pytest.Item | None) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if _RECORD and _state.get("module") != _module_of(item):
-        _state.update(module=_module_of(item), sampler=_Sampler(), t0=time.perf_counter())
+    module = _module_of(item)
+    if _phases is not None and _state["module"] != module:
+        _state["module"] = module
+        _phases.mark(module)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     yield  # the module's fixtures end here when the next test is in another module
-    if _module_of(nextitem) == _module_of(item):
+    module = _module_of(item)
+    if _module_of(nextitem) == module:
         return
     _clear_test_caches()
-    release_memory()
-    sampler = _state.pop("sampler", None)
-    if _RECORD and sampler is not None:
-        row = {"module": _module_of(item), "peak_rss_mb": round(sampler.stop(), 1),
-               "rss_after_mb": round(current_rss_mb() or 0.0, 1),
-               "wall_s": round(time.perf_counter() - _state.get("t0", time.perf_counter()), 1)}
-        with open(_RECORD, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-    _state.pop("module", None)
+    if _phases is None:
+        release_memory()
+        return
+    _phases.mark(None)  # closes the module's phase (its sampled peak), then releases memory
+    _state["module"] = None
+    row = _phases.phases.get(module or "", {})
+    with open(str(_RECORD), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"module": module, "peak_rss_mb": row.get("peak_rss_mb"),
+                            "rss_after_mb": round(current_rss_mb() or 0.0, 1), "wall_s": row.get("wall_s")}) + "\n")

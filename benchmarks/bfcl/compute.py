@@ -117,6 +117,26 @@ def _run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"env_id": ENV_ID, "env_kwargs": {}, "max_turn_tokens": cfg["max_turn_tokens"], "autocast": cfg["autocast"]}
 
 
+def _grpo_trl(cfg: dict[str, Any], trl_dir: Path, model: Any, **fields: Any) -> dict[str, Any]:
+    """TRL's GRPO fields of a stage: ``num_generations`` samples of ``prompts_per_step`` prompts a step (one group a
+    micro-batch, gradients accumulated over the prompts), a save every ``save_steps``, plus ``fields``."""
+    g, p = cfg["num_generations"], cfg["prompts_per_step"]
+    return dict(output_dir=str(trl_dir), max_steps=cfg["steps"], learning_rate=cfg["lr"],
+                per_device_train_batch_size=g, gradient_accumulation_steps=p, generation_batch_size=g * p,
+                num_generations=g, max_completion_length=cfg["max_turn_tokens"],
+                bf16=cfg["autocast"] == "bfloat16", gradient_checkpointing=True, logging_steps=1,
+                save_strategy="steps", save_steps=cfg["save_steps"], save_total_limit=1, report_to=[],
+                seed=cfg["seed"], use_cpu=model.device.type == "cpu", disable_tqdm=True, **fields)
+
+
+def _last_save(trl_dir: Path, name: str) -> str | None:
+    """The last ``checkpoint-N`` TRL saved under ``trl_dir`` (a killed stage resumes from it), or ``None``."""
+    saves = sorted(trl_dir.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1])) if trl_dir.is_dir() else []
+    if saves:
+        print(f"[bfcl] {name}: resuming from {saves[-1]}", flush=True)
+    return str(saves[-1]) if saves else None
+
+
 @_locked
 def _grpo_stage(spec: dict[str, Any]) -> None:
     """GRPO from the warm-start checkpoint, saving every ``save_steps``; resumes from the last save."""
@@ -135,24 +155,15 @@ def _grpo_stage(spec: dict[str, Any]) -> None:
     kw = {"category": ",".join(cfg["categories"]), "split": "train", "max_episode_tokens": cfg["max_episode_tokens"]}
     tasks = draw_tasks(ENV_ID, cfg["tasks"], seed=cfg["seed"] + 2, split="train", env_kwargs={**kw, "tokenizer": tok})
     grpo = ALGORITHMS["grpo"]
-    g, p = cfg["num_generations"], cfg["prompts_per_step"]
     trl_dir = d / "trl"
     conf = grpo.Config(
         env_id=ENV_ID, env_kwargs=kw, max_turn_tokens=cfg["max_turn_tokens"], save_model=False,
         num_train_tasks=cfg["tasks"], task_seed=cfg["seed"] + 2,
         # memory only (not in the key): freed heap pages go back to the OS after each generation and micro-batch
         **{"trim_heap": True, **spec["toolgym"]},
-        trl=dict(output_dir=str(trl_dir), max_steps=cfg["steps"], learning_rate=cfg["lr"],
-                 per_device_train_batch_size=g, gradient_accumulation_steps=p, generation_batch_size=g * p,
-                 num_generations=g, max_completion_length=cfg["max_turn_tokens"], temperature=1.0, beta=0.0,
-                 bf16=cfg["autocast"] == "bfloat16", gradient_checkpointing=True, logging_steps=1, save_strategy="steps",
-                 save_steps=cfg["save_steps"], save_total_limit=1, report_to=[], seed=cfg["seed"],
-                 use_cpu=model.device.type == "cpu", disable_tqdm=True),
+        trl=_grpo_trl(cfg, trl_dir, model, temperature=1.0, beta=0.0),
     )
-    saves = sorted(trl_dir.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1])) if trl_dir.is_dir() else []
-    resume = str(saves[-1]) if saves else None
-    if resume:
-        print(f"[bfcl] {spec['name']}: resuming from {resume}", flush=True)
+    resume = _last_save(trl_dir, spec["name"])
     model.train()
     result = grpo.run(conf, model=model, tokenizer=tok, tasks=tasks, resume_from_checkpoint=resume)
     model.eval()
@@ -188,7 +199,6 @@ def _grpo_v2_stage(spec: dict[str, Any]) -> None:
     tasks = draw_tasks(ENV_ID, cfg["tasks"], seed=cfg["seed"] + 2, split="train", env_kwargs={**kw, "tokenizer": tok},
                        exclude=[task_id(t) for t in held])
     grpo = ALGORITHMS["grpo"]
-    g, p = cfg["num_generations"], cfg["prompts_per_step"]
     trl_dir = d / "trl"
     conf = grpo.Config(
         env_id=ENV_ID, env_kwargs=kw, max_turn_tokens=cfg["max_turn_tokens"], save_model=False,
@@ -198,18 +208,10 @@ def _grpo_v2_stage(spec: dict[str, Any]) -> None:
         validation_every=cfg["validation_every"], validation_seed=cfg["validation_seed"], keep_best=True,
         # memory only (not in the key): freed heap pages go back to the OS after each generation and micro-batch
         **{"trim_heap": True, **spec["toolgym"]},
-        trl=dict(output_dir=str(trl_dir), max_steps=cfg["steps"], learning_rate=cfg["lr"],
-                 lr_scheduler_type=cfg["lr_scheduler"], per_device_train_batch_size=g,
-                 gradient_accumulation_steps=p, generation_batch_size=g * p, num_generations=g,
-                 max_completion_length=cfg["max_turn_tokens"], temperature=cfg["temperature"], beta=cfg["beta"],
-                 bf16=cfg["autocast"] == "bfloat16", gradient_checkpointing=True, logging_steps=1,
-                 save_strategy="steps", save_steps=cfg["save_steps"], save_total_limit=1, report_to=[],
-                 seed=cfg["seed"], use_cpu=model.device.type == "cpu", disable_tqdm=True),
+        trl=_grpo_trl(cfg, trl_dir, model, temperature=cfg["temperature"], beta=cfg["beta"],
+                      lr_scheduler_type=cfg["lr_scheduler"]),
     )
-    saves = sorted(trl_dir.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1])) if trl_dir.is_dir() else []
-    resume = str(saves[-1]) if saves else None
-    if resume:
-        print(f"[bfcl] {spec['name']}: resuming from {resume}", flush=True)
+    resume = _last_save(trl_dir, spec["name"])
     model.train()
     result = grpo.run(conf, model=model, tokenizer=tok, tasks=tasks, resume_from_checkpoint=resume)
     model.eval()

@@ -92,6 +92,10 @@ def _evaluate(proto: dict[str, Any], common: dict[str, Any], results: Path, tag:
                                    "autocast": proto["autocast"], "evals": todo})
 
 
+def _done(out: Path, results: Path, plan: list[dict[str, Any]]) -> bool:
+    return all(Stage(out, e["name"], e["config"], results).result() is not None for e in plan)
+
+
 def _grpo(common: dict[str, Any], stage: Stage, ws: Stage, *, sweep: bool, toolgym: dict[str, Any]) -> None:
     assert stage.results is not None  # v2's stages always have a results directory
     run_child("_grpo_v2_stage", {**common, "results": str(stage.results.parent), "name": stage.name,
@@ -109,11 +113,12 @@ def run_v2(args: argparse.Namespace) -> None:
     ws0 = None
     if args.v2_part in ("sweep", "all"):
         ws0 = _warmstart(args, proto, common, SWEEP_SEED)
-        for phase_choice in (None, "second"):
-            first, _ = chosen_arm(args, proto, ws0.key)
-            if phase_choice == "second" and (first is None or args.smoke):
+        # the first phase, then (its choice known) the whole sweep: the first phase's arms are finished by then
+        for phase in ("first", "second"):
+            first = None if phase == "first" else chosen_arm(args, proto, ws0.key)[0]
+            if phase == "second" and (first is None or args.smoke):
                 break
-            for arm, stage in sweep_stages(args, proto, ws0.key, first if phase_choice else None):
+            for arm, stage in sweep_stages(args, proto, ws0.key, first):
                 if stage.result() is None:
                     print(f"[bfcl v2] sweep arm {arm_name(arm)}", flush=True)
                     _grpo(common, stage, ws0, sweep=True, toolgym=toolgym)
@@ -132,10 +137,9 @@ def run_v2(args: argparse.Namespace) -> None:
                    res)
         sel_plan = eval_plan(proto, f"grpo-seed{seed}", f"{gr.key}:selected")
         last_plan = eval_plan(proto, f"grpolast-seed{seed}", f"{gr.key}:last")
-        done = lambda plan: all(Stage(out, e["name"], e["config"], res).result() is not None for e in plan)  # noqa: E731
         rec = gr.result()
         needs_last = rec is None or rec.get("selected_step") != rec.get("global_step")
-        evaluated = rec is not None and done(sel_plan) and (done(last_plan) or not needs_last)
+        evaluated = rec is not None and _done(out, res, sel_plan) and (not needs_last or _done(out, res, last_plan))
         if rec is None or (not evaluated and not gr.files_ready()):
             ws = _warmstart(args, proto, common, seed)
             print(f"[bfcl v2] GRPO, seed {seed}", flush=True)
