@@ -104,3 +104,32 @@ def test_claim_each_takes_the_free_stages_first_and_waits_for_a_held_one_last(tm
         holder.kill()
         holder.wait(timeout=60)
     assert got == ["eval-b", "eval-c", "eval-a"]
+
+
+def test_free_first_gives_the_stages_no_other_driver_holds_first_and_skips_finished_ones(tmp_path: Path) -> None:
+    """Two drivers sharing ``OUT`` (protocol v2's sweep) run different arms side by side: a driver is handed the
+    arms no other process holds, then the held one, and never an arm finished meanwhile."""
+    from benchmarks.common.stages import Stage, free_first
+
+    out, res = tmp_path / "out", tmp_path / "results"
+    stages = [Stage(out, f"sweep-{c}", {"arm": c}, res) for c in "abcd"]
+    stages[3].start()
+    stages[3].finish({"validation_history": []})  # finished before the driver starts
+    lock_path = stages[0].dir.with_name(stages[0].dir.name + ".lock")
+    holder = _hold_in_another_process(lock_path)  # another driver's child trains arm a
+    got: list[str] = []
+    try:
+        for st in free_first(stages):
+            got.append(st.name)
+            if st.name == "sweep-b":  # while b trains here, the other driver finishes arm c
+                stages[2].start()
+                stages[2].finish({"validation_history": []})
+            if st.name == "sweep-a":
+                with st.lock(wait=False) as held:
+                    assert held is False  # handed over while still held: its child waits, then skips it
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert got == ["sweep-b", "sweep-a"]
+    # with every lock free, the order is the given one
+    assert [st.name for st in free_first(stages[:2])] == ["sweep-a", "sweep-b"]

@@ -24,7 +24,7 @@ from benchmarks.bfcl.protocol_v2 import (
     results_v2,
     sweep_arms,
 )
-from benchmarks.common.stages import Stage
+from benchmarks.common.stages import Stage, free_first
 
 __all__ = ["chosen_arm", "run_v2", "sweep_stages"]
 
@@ -118,10 +118,11 @@ def run_v2(args: argparse.Namespace) -> None:
             first = None if phase == "first" else chosen_arm(args, proto, ws0.key)[0]
             if phase == "second" and (first is None or args.smoke):
                 break
-            for arm, stage in sweep_stages(args, proto, ws0.key, first):
-                if stage.result() is None:
-                    print(f"[bfcl v2] sweep arm {arm_name(arm)}", flush=True)
-                    _grpo(common, stage, ws0, sweep=True, toolgym=toolgym)
+            pairs = sweep_stages(args, proto, ws0.key, first)
+            arms = {stage.name: arm for arm, stage in pairs}
+            for stage in free_first(stage for _, stage in pairs):  # drivers sharing --out run different arms side by side
+                print(f"[bfcl v2] sweep arm {arm_name(arms[stage.name])}", flush=True)
+                _grpo(common, stage, ws0, sweep=True, toolgym=toolgym)
     if args.v2_part == "sweep":
         return
     ws_key0 = Stage(out, f"warmstart-seed{SWEEP_SEED}", warmstart_config(args, proto, SWEEP_SEED),

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Stage", "claim_each", "config_key", "machine", "read_json", "stage_lock", "write_json"]
+__all__ = ["Stage", "claim_each", "config_key", "free_first", "machine", "read_json", "stage_lock", "write_json"]
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -125,6 +125,26 @@ def claim_each(items: Iterable[T], lock: Callable[[T, bool], contextlib.Abstract
                 if held:
                     pending.remove(item)
                     yield item
+
+
+def free_first(stages: Iterable[Stage]) -> Iterator[Stage]:
+    """Yield each unfinished stage once, for a child process that takes the stage's lock itself: each time, the
+    first one no other process holds (probed and released at once), else the first one still unfinished (its
+    child then waits on the holder and skips the stage if the holder finishes it). Several drivers that share
+    ``OUT`` thus run different stages side by side instead of queueing on the same one."""
+    pending = list(stages)
+    while pending:
+        pending = [st for st in pending if st.result() is None]
+        if not pending:
+            return
+        pick = pending[0]
+        for st in pending:
+            with st.lock(wait=False) as held:
+                if held:
+                    pick = st
+                    break
+        pending.remove(pick)
+        yield pick
 
 
 class Stage:
