@@ -125,7 +125,9 @@ def test_the_report_chooses_from_the_sweep_and_prints_gains_that_are_the_printed
     gr = Stage(out, "grpo-seed0", grpo_v2_config(proto, 0, ws.key, r["choice"], GRPO_V2["steps"],
                                                  args.grpo_v2_tasks), r2)
     gr.start()
-    gr.finish({"global_step": 48, "selected_step": 16, "validation_history": [], "log_history": []})
+    rebuild = {"max_abs_loss_diff": 0.0123, "machine": {"cpu": "AMD EPYC"}, "recorded_machine": {"cpu": "Intel"}}
+    gr.finish({"global_step": 48, "selected_step": 16, "validation_history": [], "log_history": [],
+               "warmstart_rebuild": rebuild})
     warm = {"simple_python": [True, False, False, False], "parallel": [False] * 4}
     sel = {"simple_python": [True, True, False, False], "parallel": [True, True, True, False]}
     last = {"simple_python": [False] * 4, "parallel": [False] * 4}
@@ -142,4 +144,16 @@ def test_the_report_chooses_from_the_sweep_and_prints_gains_that_are_the_printed
     assert cells[4] == f"{100 * 4 / 8:+.1f}"  # pooled over the 8 entries: 1 -> 5 correct
     assert cells[6] == "16 of 48"
     assert "Chosen: lr3e-06-binary-beta0.01" in text
+    assert "| seed 0 GRPO | AMD EPYC | Intel | 0.0123 |" in text  # trained from a warm start rebuilt elsewhere
     assert "not met" not in goal_v2(collect_v2(args)) and "met: 1 of 1" in goal_v2(collect_v2(args))
+
+
+def test_a_rebuilt_warm_start_records_how_far_its_losses_are_from_the_recorded_run() -> None:
+    from benchmarks.bfcl.compute import rebuild_fidelity
+
+    recorded = {"loss": [0.66688, 0.22923, 0.11202], "machine": {"cpu": "Intel(R) Xeon(R) Processor", "amx": True}}
+    out = rebuild_fidelity(recorded, [0.6669, 0.22, 0.11202])
+    assert out["max_abs_loss_diff"] == pytest.approx(0.00923)
+    assert out["recorded_machine"]["amx"] is True and out["machine"]["cores"] >= 1
+    assert out["loss"] == [0.6669, 0.22, 0.11202] and out["recorded_loss"] == recorded["loss"]
+    assert rebuild_fidelity({}, [0.5])["max_abs_loss_diff"] is None  # no record to compare with

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bfcl.protocol import ENV_ID
-from benchmarks.common.stages import Stage, claim_each
+from benchmarks.common.stages import Stage, claim_each, machine, read_json, write_json
 
-__all__ = ["run_child"]
+__all__ = ["rebuild_fidelity", "run_child"]
 
 
 def _load(path: str | None, device: str | None = "auto") -> tuple[Any, Any]:
@@ -107,8 +107,21 @@ def _warmstart_stage(spec: dict[str, Any]) -> None:
     )
     result = sft.run(conf, model=model, tokenizer=tok, tasks=tasks)
     save_checkpoint(model, tok, d / "model", run_settings=_run_settings(cfg))
-    stage.finish({"train_ids": [t.get("id") for t in tasks], "kept_episodes": result.metrics["kept"],
-                  "loss": [round(x, 5) for x in result.metrics["loss"]]})
+    loss = [round(x, 5) for x in result.metrics["loss"]]
+    if spec["rematerialise"]:  # how close the rebuild came to the recorded run (another CPU's kernels may differ)
+        write_json(d / "rebuild.json", rebuild_fidelity(Stage(Path(spec["out"]), spec["name"], cfg,
+                                                              Path(spec["results"])).result() or {}, loss))
+    stage.finish({"train_ids": [t.get("id") for t in tasks], "kept_episodes": result.metrics["kept"], "loss": loss})
+
+
+def rebuild_fidelity(recorded: dict[str, Any], loss: list[float]) -> dict[str, Any]:
+    """A rebuilt warm start beside its record: both runs' SFT losses per step, the largest absolute difference and
+    both machines (the rebuild's checkpoint is what later stages train from; the record's evaluations are of the
+    recorded run's checkpoint)."""
+    ref = recorded.get("loss") or []
+    diffs = [abs(a - b) for a, b in zip(loss, ref, strict=False)]
+    return {"loss": loss, "recorded_loss": ref, "max_abs_loss_diff": round(max(diffs), 5) if diffs else None,
+            "machine": machine(), "recorded_machine": recorded.get("machine")}
 
 
 def _run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -223,9 +236,10 @@ def _grpo_v2_stage(spec: dict[str, Any]) -> None:
             last_model, _ = _load(str(trl_dir / f"checkpoint-{last}"), spec["device"])
             save_checkpoint(last_model, tok, d / "last", run_settings=_run_settings(cfg))
     logs = [{k: v for k, v in row.items() if isinstance(v, int | float)} for row in m["log_history"]]
+    rebuild = read_json(Path(spec["warmstart_checkpoint"]).parent / "rebuild.json")
     stage.finish({"train_ids": [t.get("id") for t in tasks], "validation_ids": [task_id(t) for t in held],
                   "global_step": last, "selected_step": selected, "validation_history": m.get("validation_history"),
-                  "resumed_from": resume, "log_history": logs})
+                  "resumed_from": resume, "log_history": logs, "warmstart_rebuild": rebuild})
 
 
 def _child(fn_name: str, spec: dict[str, Any]) -> None:

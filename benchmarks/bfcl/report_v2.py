@@ -270,4 +270,23 @@ def report_v2(args: argparse.Namespace) -> str:
             if c:
                 lines.append(f"| {name} | {c.get('wall_s') or 0:.0f} | {c.get('cpu_s') or 0:.0f} "
                              f"| {c.get('peak_rss_mb') or 0:.0f} |")
+    lines += _rebuilds(r)
     return "\n".join(lines)
+
+
+def _rebuilds(r: dict[str, Any]) -> list[str]:
+    """The warm starts v2's GRPO stages trained from, where they were rebuilt from v1's record: the SFT losses'
+    largest difference from the recorded run and both CPUs (v1's evaluations of a warm start are of the recorded
+    run's checkpoint)."""
+    rows = [(f"sweep {arm_name(x['arm'])}", x["record"]) for x in r["sweep"] if x["record"]]
+    rows += [(f"seed {seed} GRPO", s["grpo"]) for seed, s in r["seeds"].items() if s["grpo"]]
+    out = []
+    for name, rec in rows:
+        rb = rec.get("warmstart_rebuild")
+        if rb:
+            cpu, was = (rb.get("machine") or {}).get("cpu", "?"), (rb.get("recorded_machine") or {}).get("cpu", "?")
+            out.append(f"| {name} | {cpu} | {was} | {rb.get('max_abs_loss_diff')} |")
+    if not out:
+        return []
+    return ["", "| trained from a rebuilt warm start | rebuilt on | recorded on | SFT loss, largest abs. difference |",
+            "|---|---|---|---|", *out]
