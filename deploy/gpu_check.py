@@ -10,6 +10,9 @@ Stages, each a subprocess under its own time limit (a stage that fails or times 
    (``toolgym train grpo --config grpo_chain_turn_cpu``) on the device.
 4. ``generation``: ``python -m benchmarks.generate_vs_bare`` at N = 64 / 256 / 512 episodes: toolgym's generation against
    bare ``model.generate`` on the same prompts, same tokens checked, as ratios.
+5. ``vision``: ``python -m deploy.vision_check``: a tiny random Qwen2.5-VL with an image in the task and in a tool
+   result, generated on the device and checked against a plain processor forward, then through vLLM (one
+   placeholder per image) when vLLM is installed.
 
 Run (from a checkout; on a node without network, first install the bundle of ``deploy/gpu_bundle.py``)::
 
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/gpu-check", help="where the report, the logs and the runs go")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N, or cpu (with --smoke: a CPU test of the check)")
     ap.add_argument("--smoke", action="store_true", help="every stage at toy size (minutes on a CPU)")
-    ap.add_argument("--stages", default="demo,chain,generation", help="comma-separated stages to run")
+    ap.add_argument("--stages", default="demo,chain,generation,vision", help="comma-separated stages to run")
     ap.add_argument("--sizes", default="64,256,512", help="episodes per generation comparison")
     ap.add_argument("--chain-steps", type=int, default=4, help="GRPO steps of the turn-level trainer")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per stage")
@@ -165,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
             st = run_stage(f"generation_{n}", cmd, a.timeout, out, child_env)
             st["figures"] = json.loads(js.read_text()) if js.is_file() else {}
             report["stages"].append(st)
+    if "vision" in stages:
+        js = out / "vision.json"
+        st = run_stage("vision", [py, "-m", "deploy.vision_check", "--device", a.device, "--json", str(js)], a.timeout,
+                       out, child_env)
+        st["figures"] = json.loads(js.read_text()) if js.is_file() else {}
+        report["stages"].append(st)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
     table = _table(report)
     (out / "gpu_check.md").write_text(table)

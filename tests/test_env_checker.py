@@ -31,7 +31,7 @@ def kwargs_for(env_id: str, mcp_files) -> dict:
 
 def test_every_registered_env_is_checked():
     assert set(ENVS) == {"toolgym/Calculator-v0", "toolgym/CalculatorChain-v0", "toolgym/Search-v0", "toolgym/SQL-v0",
-                         "toolgym/Python-v0", "toolgym/MCP-v0", "toolgym/BFCL-v0"}
+                         "toolgym/Python-v0", "toolgym/Chart-v0", "toolgym/MCP-v0", "toolgym/BFCL-v0"}
     assert toolgym.__version__
 
 

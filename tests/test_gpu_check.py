@@ -60,7 +60,8 @@ def test_every_stage_runs_at_toy_size_on_a_cpu_and_reports(tmp_path: Path):
     rc = gpu_check(["--device", "cpu", "--smoke", "--out", str(tmp_path), "--timeout", "1200"])
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     by = {s["stage"]: s for s in report["stages"]}
-    assert set(by) == {"demo", "chain", "generation_2"}
+    assert set(by) == {"demo", "chain", "generation_2", "vision"}
+    assert by["vision"]["figures"]["local"]["ok"]
     assert rc == 0, [(s["stage"], s["exit"], Path(s["log"]).read_text()[-1500:]) for s in report["stages"]]
     assert set(by["demo"]["figures"]) >= {"eval_before", "eval_after_grpo", "grpo_gain"}
     assert by["generation_2"]["figures"]

@@ -111,6 +111,16 @@ def test_python_oracle_solves_test_problems_in_the_sandbox():
         assert t.answer == t.tool_results[-1].content.strip().splitlines()[-1]
 
 
+@pytest.mark.timeout(300)
+def test_chart_oracle_solves_test_tasks_from_the_zoomed_images():
+    trajs = _run("toolgym/Chart-v0", [None] * N_TASKS)
+    assert _check(trajs, N_TASKS) == 1.0
+    for t in trajs:  # every value was zoomed into (an image came back); the answer is the calculator's result
+        zooms = [r for r in t.tool_results if r.call.name == "zoom"]
+        assert len(zooms) == len(t.task["needed"]) and all(len(r.images) == 1 for r in zooms)
+        assert t.answer == t.tool_results[-1].content.strip()
+
+
 def test_word_problem_solutions_print_the_answer():
     import contextlib
     import io

@@ -276,11 +276,14 @@ class Trajectory:
             prompt_images=[table[ref["sha256"]] for ref in row.get("prompt_images") or []],
         )
 
-    def clip(self, max_tokens: int | None) -> Trajectory:
+    def clip(self, max_tokens: int | None, blocks: Sequence[tuple[int, int]] = ()) -> Trajectory:
         """Cut ``completion_ids`` / ``loss_mask`` / ``logprobs`` to ``max_tokens`` (``None``: no limit). The tail
-        cut off is env tokens or a cut turn; rewards stay those computed on the whole episode. Returns ``self``
+        cut off is env tokens or a cut turn; rewards stay those computed on the whole episode. ``blocks``:
+        ``[start, end)`` spans of ``completion_ids`` never split (image blocks,
+        :func:`toolgym.format.vision.image_blocks`): a cut inside one moves to its start. Returns ``self``
         (mutated)."""
         if max_tokens is not None and len(self.completion_ids) > max_tokens:
+            max_tokens = min([max_tokens] + [a for a, b in blocks if a < max_tokens < b])
             self.completion_ids = self.completion_ids[:max_tokens]
             self.loss_mask = self.loss_mask[:max_tokens]
             if self.logprobs is not None:

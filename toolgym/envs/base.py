@@ -22,6 +22,8 @@ from toolgym import runtime
 from toolgym.format.chat import ChatFormat
 from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
+from toolgym.format.vision import VisionFormat, vision_format
+from toolgym.format.vision_conversation import VisionConversation
 from toolgym.images import ImageProblem, ref_placeholder, task_images
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.rewards.guard import DEFAULT_REWARD_TIMEOUT_S, RewardFault, guarded
@@ -91,6 +93,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             limit). A reward that times out, raises or returns a non-finite score scores 0 for that episode, which
             ends truncated, with the error in ``info["error"]``, ``Trajectory.errors`` (``reward_timeout`` / ``reward_exception`` / ``reward_non_finite``) and
             ``info["errors"]``; the other episodes are untouched (see :mod:`toolgym.rewards.guard`).
+        processor: a Hugging Face multimodal processor (Qwen3-VL, Qwen2.5-VL, Gemma 3; docs/multimodal.md): task and
+            tool-result images become the model's image tokens at the processor's count
+            (:class:`~toolgym.format.vision_conversation.VisionConversation`); its tokenizer, its family's chat
+            template and tool-call parser are the defaults of ``tokenizer``, ``chat_template`` and ``parser``.
+            ``None``: text only, each image read as its placeholder line.
 
     A prompt that alone fills ``max_episode_tokens`` ends its episode truncated at the first step, before the
     action is applied: no tool runs, no reward is computed, and ``Trajectory.errors["prompt_too_long"]`` says why.
@@ -124,11 +131,18 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         render_mode: str | None = None,
         reward_timeout_s: float | None = DEFAULT_REWARD_TIMEOUT_S,
         max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN,
+        processor: Any = None,
     ) -> None:
         for name, value in (("max_turns", max_turns), ("max_episode_tokens", max_episode_tokens),
                             ("max_obs_tokens", max_obs_tokens), ("max_calls_per_turn", max_calls_per_turn)):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.vision: VisionFormat | None = None
+        if processor is not None:  # a vision-language model: images become its image tokens
+            self.vision = vision_format(processor)
+            tokenizer = self.vision.tokenizer if tokenizer is None else tokenizer
+            chat_template = self.vision.family.chat_template() if chat_template is None else chat_template
+            parser = self.vision.family.parser if parser == "auto" else parser
         if tokenizer is None or isinstance(tokenizer, str):
             from toolgym.models import load_tokenizer
 
@@ -202,7 +216,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         task = copy.deepcopy(dict(task))  # the episode owns its row: nothing is shared with the task set
         images = task_images(task, self.executor.image_limits)  # task["images"] become refs; ImageError if bad
         self.task = task
-        conv = Conversation(self.format, self.build_messages(task), self.tool_schemas)
+        if self.vision is not None:
+            conv: Conversation = VisionConversation(self.format, self.vision, self.build_messages(task),
+                                                    self.tool_schemas, images)
+        else:
+            conv = Conversation(self.format, self.build_messages(task), self.tool_schemas)
         self.conversation = conv
         self.trajectory = Trajectory(prompt_ids=conv.prompt_ids, task=task, prompt_images=images)
         self._done = False
@@ -373,9 +391,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         Default: run the turn's parsed tool calls (``turn.calls``, at most ``max_calls_per_turn``; the others get a
         ``call_limit`` error result) with the env's executor, record them in
         ``turn.results``, and answer with one tool message per result
-        (``self.format.tool_message(name, content, call_id)``); ``None`` when the turn has no calls. Override it
-        for an env that answers otherwise, e.g. a simulated user (a ``{"role": "user", "content": ...}`` message;
-        ``docs/extending.md`` has one). ``turn.text`` / ``turn.content`` hold what the model wrote,
+        (``self.format.tool_message(name, content, call_id)``, with the result's images under ``"images"``);
+        ``None`` when the turn has no calls. Override it for an env that answers otherwise, e.g. a simulated user
+        (a ``{"role": "user", "content": ...}`` message; ``docs/extending.md`` has one). A message's ``"images"``
+        (:class:`~toolgym.images.Image` objects, each placeholder in its content) are shown as image tokens with a
+        ``processor``, and as the placeholders otherwise. ``turn.text`` / ``turn.content`` hold what the model wrote,
         ``self.task`` the task row, ``self.trajectory`` the episode so far. Whatever it returns is bounded
         (``max_obs_chars``, ``max_obs_tokens`` per message), tokenised with the chat template (loss mask 0) and
         checked by the drift check like tool results; the turn and token budgets apply as for tool results.
@@ -383,7 +403,11 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
         if not turn.calls:
             return None
         turn.results = await self.run_calls(turn.calls)
-        return [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in turn.results]
+        msgs = [self.format.tool_message(r.call.name or "error", r.content, r.call.id) for r in turn.results]
+        for m, r in zip(msgs, turn.results, strict=True):
+            if r.images:  # shown as image tokens by a vision-language env; a text-only one reads the placeholders
+                m["images"] = list(r.images)
+        return msgs
 
     async def run_calls(self, calls: Sequence[ToolCall], tools: Mapping[str, Tool] | None = None, *,
                         in_order: bool = False) -> list[ToolResult]:

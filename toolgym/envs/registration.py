@@ -39,6 +39,10 @@ ENVS: dict[str, tuple[str, str]] = {
         "toolgym.envs.python:PythonEnv",
         "arithmetic word problems with a sandboxed Python tool; reward = exact numeric answer",
     ),
+    "toolgym/Chart-v0": (
+        "toolgym.envs.chart:ChartEnv",
+        "a bar chart shown as an image; a zoom tool that answers with images + a calculator; reward = exact number",
+    ),
     "toolgym/BFCL-v0": (
         "toolgym.envs.bfcl.env:BFCLEnv",
         "Berkeley Function Calling Leaderboard categories (category=...); reward = BFCL's own checker verdict",

@@ -209,7 +209,8 @@ class ChatFormat:
         key = tuple(f"{m.get('role', 'tool')}\x00{m.get('name', '')}\x00{m.get('tool_call_id', '')}" for m in tool_messages)
         if self._cache.verbatim is None:
             self._cache.verbatim = self._check_verbatim()
-        if self._cache.verbatim:
+        parts = any(not isinstance(m.get("content", ""), str) for m in tool_messages)  # content parts (images)
+        if self._cache.verbatim and not parts:
             skel = self._cache.skeletons.get(key)
             if skel is None:
                 msgs = [{**m, "content": _PLACEHOLDER.format(i)} for i, m in enumerate(tool_messages)]
@@ -226,7 +227,7 @@ class ChatFormat:
                     spans.append((at, at + len(content)))
             return out, spans
         text = self._render_delta(tool_messages)
-        if not any(self.control.spells_control(str(m.get("content", ""))) for m in tool_messages):
+        if not parts and not any(self.control.spells_control(str(m.get("content", ""))) for m in tool_messages):
             return text, []
         return text, outside_spans(lambda m, _t: self._render_delta(m), tool_messages, [], text, self.control)
 

@@ -117,7 +117,12 @@ class Conversation:
         return text, parsed, cut, (start, len(self.completion_ids))
 
     def _messages(self, results: Sequence[tuple[str, str, str] | Mapping[str, Any]]) -> list[dict[str, Any]]:
-        return [dict(r) if isinstance(r, Mapping) else self.fmt.tool_message(*r) for r in results]
+        """The env's answer as chat messages; a message's ``"images"`` (the :class:`~toolgym.images.Image` objects a
+        vision-language conversation renders) are dropped: a text-only policy reads their placeholders."""
+        msgs = [dict(r) if isinstance(r, Mapping) else self.fmt.tool_message(*r) for r in results]
+        for m in msgs:
+            m.pop("images", None)
+        return msgs
 
     def observation(self, results: Sequence[tuple[str, str, str] | Mapping[str, Any]]) -> list[int]:
         """Token ids of the observation for the env's answer (not yet appended): chat messages (tool results,
@@ -158,7 +163,12 @@ class Conversation:
                 text = text[: at + len(last)]
             else:
                 text = text.rstrip("\n") + last if self.fmt.parser.turn_closed_by_header else text
-        return self.fmt.encode_outside(text, [(a, b) for a, b in spans if a < len(text)])
+        return self.encode_rendered(text, [(a, b) for a, b in spans if a < len(text)])
+
+    def encode_rendered(self, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+        """Token ids of a rendering of the whole conversation (``spans``: outside strings spelling control tokens),
+        as :meth:`expected_ids` compares them with what was built."""
+        return self.fmt.encode_outside(text, spans)
 
     def check_drift(self, window: int = 8) -> dict[str, Any]:
         """``{}`` when ``prompt_ids + completion_ids`` equal :meth:`expected_ids`; otherwise

@@ -124,6 +124,7 @@ class RolloutDriver:
             max_new_tokens=self._budget(env),
             stop_ids=tuple(sorted(env.format.stop_ids)),
             episode=EpisodeState(index=index, task=task, turn=len(traj.turns), env=env),
+            images=list(getattr(getattr(env, "conversation", None), "images", None) or ()),
         )
 
     async def _call_policy(self, reqs: list[GenerationRequest]) -> list[Generation]:
@@ -347,5 +348,11 @@ class RolloutDriver:
 
     # -- helpers for trainers ---------------------------------------------------------------------
     def clip(self, traj: Trajectory) -> Trajectory:
-        """:meth:`Trajectory.clip` to ``max_completion_tokens``. Returns ``traj`` (mutated)."""
-        return traj.clip(self.max_completion_tokens)
+        """:meth:`Trajectory.clip` to ``max_completion_tokens``, never inside an image block of a vision-language
+        env (the cut moves to the block's start). Returns ``traj`` (mutated)."""
+        vision = getattr(self._sub(0), "vision", None) if self.num_envs else None
+        if vision is None:
+            return traj.clip(self.max_completion_tokens)
+        from toolgym.format.vision import image_blocks
+
+        return traj.clip(self.max_completion_tokens, blocks=image_blocks(traj.completion_ids, vision))

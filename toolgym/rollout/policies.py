@@ -79,6 +79,11 @@ class TransformersPolicy:
         shared_prefix: rows of a batch with the same prompt (a GRPO group's samples) prefill it once and share its
             keys and values (:mod:`toolgym.rollout.shared_prefix`; the same logits up to float rounding). Applies
             to a batch that does not run on kept rows (an episode's first turn).
+        processor: a vision-language model's processor (:mod:`toolgym.format.vision`): a batch whose requests carry
+            ``images`` is generated with their pixel tensors, grid sizes and image type ids
+            (:func:`toolgym.format.vision.forward_inputs`, rows left-padded), its whole prompts prefilled (no turn
+            cache, no shared prefix), and image and wrapper tokens never sampled. ``None``: a request with images
+            is refused.
 
     Attributes:
         shared_tokens: prompt tokens not prefilled because their row shared another row's prompt.
@@ -104,8 +109,10 @@ class TransformersPolicy:
         trim_heap: bool | None = None,
         turn_cache_mb: float = 192,
         shared_prefix: bool = True,
+        processor: Any = None,
     ) -> None:
         self.model = model
+        self.processor = processor
         self.shared_prefix = shared_prefix
         self.shared_tokens = 0
         self.reserve_cache = reserve_cache
@@ -169,9 +176,14 @@ class TransformersPolicy:
 
         self.calls += 1
         device = next(self.model.parameters()).device
-        ids, attn = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        mm = self._image_inputs(requests)
+        if mm is not None:
+            ids, attn = mm.pop("input_ids"), mm.pop("attention_mask")
+        else:
+            ids, attn = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
         # a later turn of the same episodes: only the new tokens are prefilled, over the rows' kept keys and values
-        call = self.turn_cache.prepare(self.model, ids, attn, self.pad_token_id) if self.turn_cache is not None else None
+        call = (self.turn_cache.prepare(self.model, ids, attn, self.pad_token_id)
+                if self.turn_cache is not None and mm is None else None)
         if call is not None:
             ids, attn = call.input_ids, call.attention_mask
         width = ids.shape[1]
@@ -203,6 +215,10 @@ class TransformersPolicy:
             # log-probability is max - logsumexp, a (B,) per step (not a (B, V) copy of the scores kept per step)
             greedy_lps = _GreedyLogprobs()
             cfg.update(output_scores=False)
+        if self.processor is not None:  # image and wrapper tokens are the env's, never sampled
+            from toolgym.format.vision import vision_format
+
+            cfg["suppress_tokens"] = sorted(vision_format(self.processor).block_ids)
         gen_config = GenerationConfig(**cfg)
         if self.seed is not None and sampler is None:
             torch.manual_seed(self.seed + self.calls)
@@ -214,17 +230,20 @@ class TransformersPolicy:
             with torch.no_grad(), autocast_context(device.type, self.autocast, self.model):
                 recorder = sampler if sampler is not None else greedy_lps
                 extra: dict[str, Any] = {"logits_processor": [recorder]} if recorder is not None else {}
-                if call is None and self.shared_prefix:  # a group's prompt prefilled once, its keys and values shared
+                if call is None and self.shared_prefix and mm is None:  # a group's prompt prefilled once, its keys and values shared
                     call = shared_prefill(self.model, ids, attn)
                     self.shared_tokens += call.saved_tokens if call is not None else 0
-                cache = generation_cache(self.model, ids.shape[0], width + max_new, call, reserve=self.reserve_cache,
-                                         keep=self.turn_cache is not None)
+                cache = None if mm is not None else generation_cache(
+                    self.model, ids.shape[0], width + max_new, call, reserve=self.reserve_cache,
+                    keep=self.turn_cache is not None)
                 if cache is not None:
                     extra[cache_kwarg()] = cache
+                for k, v in (mm or {}).items():
+                    extra[k] = v.to(device)
                 out = self.model.generate(
                     input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen_config, **extra,
                 )
-                if self.turn_cache is not None:
+                if self.turn_cache is not None and mm is None:
                     self.turn_cache.keep(self.model, cache, ids, attn, out.sequences, stop_ids or [self.pad_token_id])
         finally:
             if was_training:
@@ -247,6 +266,20 @@ class TransformersPolicy:
             )
             for i, r in enumerate(requests)
         ]
+
+
+    def _image_inputs(self, requests: Sequence[GenerationRequest]) -> dict[str, Any] | None:
+        """The forward inputs of a batch with images (left-padded ids, attention mask, image tensors and type ids),
+        or ``None`` when no request carries images."""
+        if not any(r.images for r in requests):
+            return None
+        if self.processor is None:
+            raise ValueError("a generation request carries images: build TransformersPolicy(..., processor=...) "
+                             "with the vision-language model's processor")
+        from toolgym.format.vision import forward_inputs
+
+        return forward_inputs([(r.prompt_ids, r.images) for r in requests], self.processor,
+                              pad_id=self.pad_token_id, padding_side="left")
 
 
 class _GreedyLogprobs:

@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from toolgym.images import Image
 from toolgym.trajectory import Trajectory
 
 __all__ = [
@@ -88,12 +89,16 @@ class GenerationRequest:
         max_new_tokens: the most tokens to sample for this turn (>= 1 when it reaches a policy).
         stop_ids: token ids that end the turn (included in the output when sampled).
         episode: the episode the request belongs to (``None`` outside a driver).
+        images: the images of ``prompt_ids``, in order (a vision-language episode's
+            :attr:`~toolgym.format.vision_conversation.VisionConversation.images`; ``prompt_ids`` hold each one's
+            image tokens expanded). Empty for text.
     """
 
     prompt_ids: list[int]
     max_new_tokens: int
     stop_ids: tuple[int, ...] = ()
     episode: EpisodeState | None = None
+    images: list[Image] = field(default_factory=list)
 
 
 @dataclass
