@@ -159,6 +159,14 @@ def shot(d: WebDriver, name: str, at: str | None = None) -> None:
         (Path(out) / f"ui-{name}.png").write_bytes(png)
 
 
+def pick_reward_file(d: WebDriver, file: str) -> None:
+    """Pick a trajectory file on the Rewards page and wait for the composition proposed for it (set before any
+    test changes it)."""
+    wait_for(d, f"return [...document.querySelectorAll('#rw-file option')].some(o => o.value === {json.dumps(file)})")
+    set_value(d, "#rw-file", file)
+    wait_for(d, f"return document.querySelector('#rw-why').dataset.file === {json.dumps(file)}", what="the defaults")
+
+
 def open_page(d: WebDriver, server: Server) -> None:
     d.get(server.url + "/")
     wait_for(d, "return document.querySelectorAll('#train-fields .tf').length > 0", what="the page to load")
@@ -322,22 +330,22 @@ def test_rewards_compose_and_score_a_trajectory_file(server: Server, browser: We
     d = browser
     open_page(d, server)
     tab(d, "rewards")
-    wait_for(d, "return [...document.querySelectorAll('#rw-file option')].some(o => o.value === 'rollouts/calc.jsonl')")
-    set_value(d, "#rw-file", "rollouts/calc.jsonl")
+    pick_reward_file(d, "rollouts/calc.jsonl")
     # exact_match (1.0) + numeric_match (weight 2, on the task's `answer`) + the per-turn tool_call_format (0.5)
     d.js("document.querySelectorAll('#rw-parts tbody tr').forEach(tr => { const n = tr.dataset.name;"
          "tr.querySelector('.rw-use').checked = ['exact_match', 'numeric_match', 'tool_call_format'].includes(n);"
          "if (n === 'numeric_match') tr.querySelector('.rw-weight').value = '2'; })")
     d.click("#rw-run")
     wait_for(d, "return document.querySelectorAll('#rw-table tr.rw-ep').length > 0", timeout=60)
-    heads = d.js("return [...document.querySelectorAll('#rw-table th')].map(t => t.textContent)")
-    assert heads[3:6] == ["exact_match", "numeric_match", "tool_call_format"]
-    rows = d.js("return [...document.querySelectorAll('#rw-table tr.rw-ep')].map(tr => [...tr.children].map(c => c.textContent))")
+    heads = d.js("return [...document.querySelectorAll('#rw-table th.rw-h')].map(t => t.dataset.name)")
+    assert heads == ["exact_match", "numeric_match", "tool_call_format"]
+    rows = d.js("return [...document.querySelectorAll('#rw-table tr.rw-ep')].map(tr => [tr.children[2].textContent, "
+                "...[...tr.querySelectorAll('td.rw-c')].map(c => c.dataset.raw), tr.children[6].textContent])")
     assert len(rows) == len(trajs)
-    for row in rows:
-        total, em, nm, tcf = (float(x) for x in row[2:6])
+    for row in rows:  # each cell's raw value; the total is the weighted sum
+        total, em, nm, tcf = (float(x) for x in row[:4])
         assert total == pytest.approx(em + 2 * nm + 0.5 * tcf, abs=2e-3)
-        assert row[6].startswith("t0:")  # per-turn values
+        assert row[4].startswith("t0:")  # per-turn values
     shot(d, "rewards")
 
 

@@ -62,10 +62,11 @@ def test_rewards_warn_when_the_gold_field_is_missing(server: Server, browser: We
     d = browser
     open_page(d, server)
     tab(d, "rewards")
-    wait_for(d, "return [...document.querySelectorAll('#rw-file option')].some(o => o.value === 'rollouts/calc.jsonl')")
-    set_value(d, "#rw-file", "rollouts/calc.jsonl")
+    test_ui.pick_reward_file(d, "rollouts/calc.jsonl")
+    # exact_match alone, its field cleared (its default, golden_answers: these tasks lack it)
     d.js("document.querySelectorAll('#rw-parts tbody tr').forEach(tr => {"
-         "tr.querySelector('.rw-use').checked = tr.dataset.name === 'exact_match'; })")
+         "tr.querySelector('.rw-use').checked = tr.dataset.name === 'exact_match'; });"
+         "document.querySelector('#rw-parts tr[data-name=exact_match] .rw-field').value = ''")
     d.click("#rw-run")
     warn = wait_for(d, "return document.querySelector('.rw-warning')?.textContent", timeout=60, what="the warning")
     assert warn.startswith("exact_match:") and "'golden_answers'" in warn and "answer" in warn

@@ -13,7 +13,7 @@ import shlex
 import subprocess
 import sys
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -225,11 +225,12 @@ def _flow(v: Any) -> str:
     return yaml.safe_dump(v, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
 
 
-def free_run_name(runs: Path, base: str) -> str:
-    """``base``, or ``base-2``, ``base-3``, ...: the first name whose ``<runs>/<name>`` does not exist yet."""
+def free_run_name(runs: Path, base: str, taken: Collection[str] = ()) -> str:
+    """``base``, or ``base-2``, ``base-3``, ...: the first name whose ``<runs>/<name>`` does not exist yet and
+    that is not in ``taken`` (the run names of the UI's jobs, whose directories may not be written yet)."""
     base = re.sub(r"[^A-Za-z0-9_.-]", "-", base).strip(".-")[:56] or "run"
     name, k = base, 1
-    while (runs / name).exists():
+    while (runs / name).exists() or name in taken:
         k += 1
         name = f"{base}-{k}"
     return name

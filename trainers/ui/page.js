@@ -40,7 +40,8 @@ let INFO = null;
 document.querySelectorAll("nav button").forEach(b => b.onclick = () => {
   document.querySelectorAll("nav button").forEach(x => x.classList.toggle("on", x === b));
   document.querySelectorAll("section.page").forEach(p => p.classList.toggle("on", p.id === "page-" + b.dataset.page));
-  if (b.dataset.page === "runs") loadRuns(); if (b.dataset.page !== "tools") refreshFiles();
+  if (b.dataset.page === "runs") loadRuns();
+  if (b.dataset.page !== "tools") refreshFiles().then(() => { if (b.dataset.page === "rewards" && $("#rw-why").dataset.file !== $("#rw-file").value) rewardDefaults(); });
 });
 async function refreshFiles() {
   const [j, m, e] = await Promise.all(["jsonl", "model", "eval"].map(k => api("/api/files?kind=" + k).then(d => d.files)));
@@ -104,14 +105,19 @@ function showTools(d) {
 }
 // a failed load leaves nothing of the previous source listed (the server dropped it too) and says so
 const loadTools = body => guard($("#tools-error"), async () => {
-  try { showTools(await api("/api/tools/load", body())); }
+  try {
+    const d = await api("/api/tools/load", body()); showTools(d);
+    const tasks = d.tasks || [];  // tools per task: none until a task is picked
+    fill($("#env-task"), ["", ...tasks]); $("#env-task-row").hidden = !tasks.length;
+    if (tasks.length) $("#tools-source").textContent = `(${d.source}: ${tasks.length} tasks, each with its own tools: pick one)`;
+  }
   catch (e) { showTools({source: "", tools: []}); $("#tools-source").textContent = "(load failed)"; throw e; }
 });
 $("#env-load").onclick = () => { $("#tools-source").textContent = "(loading...)";
-  return loadTools(() => ({env: $("#env-custom").value.trim() || $("#env-select").value}))(); };
+  return loadTools(() => ({env: $("#env-custom").value.trim() || $("#env-select").value, config: $("#mcp-config").value}))(); };
 $("#mcp-file").onchange = async e => { const f = e.target.files[0]; if (f) $("#mcp-config").value = await f.text(); };
 $("#mcp-load").onclick = () => { $("#tools-source").textContent = "(starting servers...)";
-  return loadTools(() => ({config: $("#mcp-config").value}))(); };
+  $("#env-task-row").hidden = true; return loadTools(() => ({config: $("#mcp-config").value}))(); };
 $("#call-run").onclick = guard($("#tools-error"), async () => {
   $("#call-result").innerHTML = "";
   const r = await api("/api/tools/call", {name: $("#call-tool").value, arguments: $("#call-args").value});
@@ -121,11 +127,24 @@ $("#call-run").onclick = guard($("#tools-error"), async () => {
 function rewardRows() {
   $("#rw-parts tbody").innerHTML = INFO.rewards.map((r, k) => `<tr data-name="${esc(r.name)}"><td><input type="checkbox" class="rw-use" ${k < 2 || r.per_turn ? "checked" : ""}></td><td><b>${esc(r.name)}</b>${r.per_turn ? ' <span class="badge">per turn</span>' : ""}</td><td><input class="rw-weight" size="5" value="${r.per_turn ? 0.5 : 1}"></td><td>${r.has_field ? '<input class="rw-field" size="14" placeholder="default">' : ""}</td><td class="help">${esc(r.help)}</td></tr>`).join("");
 }
+// the composition that fits the file's tasks (their gold field and its kind), proposed when a file is picked
+const rewardDefaults = guard($("#rw-error"), async () => {
+  const file = $("#rw-file").value; if (!file) return;
+  const d = await api("/api/rewards/defaults?file=" + encodeURIComponent(file));
+  if (file !== $("#rw-file").value) return;  // another file was picked meanwhile
+  for (const p of d.parts) {
+    const tr = document.querySelector(`#rw-parts tr[data-name="${CSS.escape(p.name)}"]`); if (!tr) continue;
+    tr.querySelector(".rw-use").checked = p.use; tr.querySelector(".rw-weight").value = p.weight;
+    const f = tr.querySelector(".rw-field"); if (f) f.value = p.field;
+  }
+  $("#rw-why").textContent = "defaults for this file: " + d.why; $("#rw-why").dataset.file = file;
+});
+$("#rw-file").onchange = rewardDefaults;
 $("#rw-upload").onchange = guard($("#rw-error"), async e => {
   const f = e.target.files[0]; if (!f) return;
   if (f.size > INFO.max_upload) throw new Error(`${f.name} is ${f.size} bytes; uploads are limited to ${INFO.max_upload}`);
   const d = await api("/api/upload", {name: f.name, content: await f.text()});
-  await refreshFiles(); $("#rw-file").value = d.path;
+  await refreshFiles(); $("#rw-file").value = d.path; await rewardDefaults();
 });
 $("#rw-run").onclick = guard($("#rw-error"), async () => {
   const parts = [...document.querySelectorAll("#rw-parts tbody tr")].filter(tr => tr.querySelector(".rw-use").checked).map(tr => ({
@@ -134,11 +153,15 @@ $("#rw-run").onclick = guard($("#rw-error"), async () => {
   const d = await api("/api/rewards/score", {file: $("#rw-file").value, parts});
   const names = Object.keys(d.weights);
   let h = (d.warnings || []).map(w => `<div class="caution rw-warning">${esc(w)}</div>`).join("");
-  h += `<div class="help">${d.shown} of ${d.n} episodes; total = ${names.map(n => d.weights[n] + " x " + n).join(" + ")}</div>`;
-  h += `<table id="rw-table"><thead><tr><th>episode</th><th>task</th><th class="num">total</th>${names.map(n => `<th class="num">${esc(n)}</th>`).join("")}<th>per turn</th><th>answer</th></tr></thead><tbody>`;
+  h += `<div class="help">${d.shown} of ${d.n} episodes; total = ${names.map(n => d.weights[n] + " x " + n).join(" + ")}: the sum of the weighted contributions ` +
+    `(each cell: weight x raw value, the raw value in brackets; a per-turn reward's raw value is its sum over the turns)</div>`;
+  h += `<table id="rw-table"><thead><tr><th>episode</th><th>task</th><th class="num">total</th>${names.map(n => `<th class="num rw-h" data-name="${esc(n)}">${esc(n)} <span class="help">x ${esc(d.weights[n])}: weighted (raw)</span></th>`).join("")}<th>per turn, weighted</th><th>answer</th></tr></thead><tbody>`;
   for (const e of d.episodes) {
     const turns = e.turns.map(t => `t${t.turn}: ${t.value.toFixed(2)}`).join(", ");
-    h += `<tr class="rw-ep"><td>${e.episode}</td><td>${esc(e.task)}</td><td class="num">${e.value.toFixed(3)}</td>${names.map(n => `<td class="num">${n in e.components ? e.components[n].toFixed(3) : "-"}</td>`).join("")}<td class="help">${esc(turns)}</td><td>${esc(e.answer)}</td></tr>`;
+    const cell = n => { if (!(n in e.components)) return `<td class="num rw-c" data-name="${esc(n)}">-</td>`;
+      const raw = e.components[n], w = +d.weights[n];
+      return `<td class="num rw-c" data-name="${esc(n)}" data-raw="${raw}" data-contrib="${w * raw}">${(w * raw).toFixed(3)} <span class="help">(${raw.toFixed(3)})</span></td>`; };
+    h += `<tr class="rw-ep"><td>${e.episode}</td><td>${esc(e.task)}</td><td class="num">${e.value.toFixed(3)}</td>${names.map(cell).join("")}<td class="help">${esc(turns)}</td><td>${esc(e.answer)}</td></tr>`;
   }
   $("#rw-out").innerHTML = h + "</tbody></table>";
 });
@@ -211,7 +234,10 @@ $("#train-fields").addEventListener("change", trainCommand);
 $("#train-launch").onclick = guard($("#train-error"), async () => {
   const j = await api("/api/train/launch", trainRequest()); JOB = j.id; await refreshJobs(); await showJob();
   $("#job-card").scrollIntoView({block: "start"}); $("#job-card").focus({preventScroll: true});
-  if ($("#train-name").dataset.auto === "1") await trainConfig();  // the next launch gets a fresh name
+  // the form keeps every edit; only the run name moves on to a free one (never the one just launched)
+  const base = $("#train-name").value.replace(/-\d+$/, "");
+  $("#train-name").value = (await api("/api/train/run_name?base=" + encodeURIComponent(base))).run_name;
+  trainCommand();
 });
 async function refreshJobs() {
   const d = await api("/api/jobs");
@@ -245,8 +271,14 @@ async function showJob() {
 }
 $("#smooth").oninput = () => { showJob(); drawRuns(); };
 $("#job-stop").onclick = guard($("#job-error"), async () => { await api("/api/jobs/" + JOB + "/stop", {}); await showJob(); });
+// evaluations written by other jobs or programs appear without a reload: on the page regaining focus, and while
+// the Evaluate & registry page is open
+window.addEventListener("focus", () => { if (INFO) refreshFiles().catch(() => {}); });
+document.addEventListener("visibilitychange", () => { if (INFO && !document.hidden) refreshFiles().catch(() => {}); });
+let TICKS = 0;
 setInterval(async () => {
   const page = document.querySelector("section.page.on").id;
+  if (page === "page-registry" && ++TICKS % 3 === 0) refreshFiles().catch(() => {});
   if (page !== "page-train" && page !== "page-registry") return;
   try { await refreshJobs(); await showJob(); } catch (e) { /* shown on the next action */ }
 }, 2000);
@@ -359,6 +391,7 @@ function watchEval(id) {
       const st = $("#ev-status"); if (st) st.firstChild.textContent = `job ${j.id} ${j.status}: `;
       setTimeout(tick, 1000); return;
     }
+    refreshFiles().catch(() => {});  // its eval.json is offered for registering at once
     if (j.status === "finished" && j.summary) showEval(j);
     else {
       $("#ev-summary").innerHTML = "";
@@ -394,7 +427,7 @@ $("#rg-list").onclick = guard($("#pr-result"), async () => {
   try {
     INFO = await api("/api/info");
     $("#runs-dir").textContent = INFO.runs; $("#tracking-uri").textContent = INFO.tracking_uri;
-    fill($("#env-select"), INFO.envs); fill($("#ev-env"), INFO.envs); fill($("#play-env"), INFO.envs);
+    fill($("#env-select"), INFO.envs); if (typeof envCardNote === "function") envCardNote(); fill($("#ev-env"), INFO.envs); fill($("#play-env"), INFO.envs);
     fill($("#train-algo"), INFO.algorithms);
     fill($("#train-config"), INFO.configs.map(c => ({value: c.name, label: c.name + (c.algorithm ? "" : " (any)")})));
     const g = INFO.configs.find(c => c.name.startsWith("grpo")); if (g) $("#train-config").value = g.name;

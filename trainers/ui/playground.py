@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REWARD_LIBRARY", "ToolPlayground", "UIError", "safe_name", "score_file"]
+from trainers.ui.envcards import config_secrets
+from trainers.ui.errors import UIError
 
-
-class UIError(ValueError):
-    """Bad input or a failure to show on the page as one clear line (HTTP 400)."""
+__all__ = ["REWARD_LIBRARY", "ToolPlayground", "UIError", "config_secrets", "file_reward_defaults", "reward_defaults", "safe_name",
+           "score_file"]
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -41,37 +41,48 @@ class ToolPlayground:
         self._closer: Any = None
         self.executor: Any = None
         self.source = ""
+        self.env: Any = None  # the loaded env (None for an MCP config)
+        self.tasks: list[str] = []  # an env whose tools are per task: its task ids (the page's task picker)
+        self.task = ""  # the picked task's id
 
-    def _replace(self, executor: Any, closer: Any, source: str) -> None:
+    def _replace(self, executor: Any, closer: Any, source: str, env: Any = None) -> None:
         old = self._closer
         self.executor, self._closer, self.source = executor, closer, source
+        self.env, self.tasks, self.task = env, [], ""
         if old is not None:
             try:
                 old()
             except Exception:  # noqa: BLE001 - closing the previous source must not hide the new one
                 pass
 
-    def load_env(self, name: str) -> list[dict[str, Any]]:
-        """Build env ``name`` (any spelling ``toolgym list`` accepts, or ``module:Env-v0``) and return its tools."""
-        import gymnasium as gym
+    def load_env(self, name: str, mcp_config: str = "") -> list[dict[str, Any]]:
+        """Build env ``name`` (any spelling ``toolgym list`` accepts, or ``module:Env-v0``; an env built from an MCP
+        config takes ``mcp_config``, the MCP card's text) and return its tools. An env whose tools are per task
+        lists none until a task is picked (:meth:`pick_task`); :attr:`tasks` holds its task ids."""
+        from trainers.ui.envcards import env_card, make_env, task_list
 
-        from toolgym.envs.resolve import env_construction_error, resolve_env_id
-        from toolgym.errors import CLIError
-
-        name = (name or "").strip()
-        if not name:
-            raise UIError("pick an env")
         with self._lock:
             self._replace(None, None, "")  # a failed load leaves nothing of the previous source callable
+            env = make_env(name, mcp_config=mcp_config)
+            env_id = env.spec.id if env.spec is not None else name
+            self._replace(env.unwrapped.executor, env.close, env_id, env)
+            if env_card(env_id)["tools_per_task"]:
+                self.tasks = task_list(env)
+            return self.schemas()
+
+    def pick_task(self, task_id: str) -> list[dict[str, Any]]:
+        """Start an episode of the loaded env on task ``task_id`` and return that task's tools."""
+        from trainers.ui.envcards import task_by_id
+
+        with self._lock:
+            if self.env is None or not self.tasks:
+                raise UIError("load an env whose tools are per task first")
+            row = task_by_id(self.env, str(task_id))
             try:
-                env_id = resolve_env_id(name)
-            except CLIError as e:
-                raise UIError(e.message) from None
-            try:
-                env = gym.make(env_id)
-            except Exception as e:  # noqa: BLE001 - shown as the CLI would show it
-                raise UIError(env_construction_error(env_id, e).message) from None
-            self._replace(env.unwrapped.executor, env.close, env_id)
+                self.env.reset(options={"task": row})
+            except Exception as e:  # noqa: BLE001 - a task the env refuses is one line on the page
+                raise UIError(f"task {task_id!r}: {type(e).__name__}: {e}") from None
+            self.task = str(task_id)
             return self.schemas()
 
     def load_mcp(self, text: str) -> list[dict[str, Any]]:
@@ -87,7 +98,7 @@ class ToolPlayground:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise UIError(f"MCP config is not valid JSON: {e}") from None
-        hidden = _config_secrets(data)
+        hidden = config_secrets(data)
         with self._lock:
             self._replace(None, None, "")  # a failed load leaves nothing of the previous source callable
             try:
@@ -104,14 +115,13 @@ class ToolPlayground:
 
     def schemas(self) -> list[dict[str, Any]]:
         """The loaded tools as the model sees them: ``[{"name", "description", "parameters"}]``."""
+        from trainers.ui.envcards import schemas_of
+
         if self.executor is None:
             return []
-        out = []
-        for s in self.executor.schemas():
-            fn = s.get("function", s)
-            out.append({"name": fn.get("name"), "description": fn.get("description", ""),
-                        "parameters": fn.get("parameters", {})})
-        return out
+        if self.tasks:  # per task: the picked task's (none before one is picked)
+            return schemas_of(self.env.unwrapped.tool_schemas) if self.task else []
+        return schemas_of(self.executor.schemas())
 
     def call(self, name: str, arguments: str) -> dict[str, Any]:
         """Call tool ``name`` with ``arguments`` (JSON object text) through the executor. Malformed arguments are
@@ -136,18 +146,6 @@ class ToolPlayground:
     def close(self) -> None:
         with self._lock:
             self._replace(None, None, "")
-
-
-def _config_secrets(data: Any) -> list[str]:
-    """The values of an MCP config's ``env`` and ``headers`` (API keys, bearer tokens): never shown back."""
-    servers = data.get("mcpServers") if isinstance(data, dict) else None
-    out: list[str] = []
-    for cfg in (servers.values() if isinstance(servers, dict) else []):
-        for key in ("env", "headers"):
-            table = cfg.get(key) if isinstance(cfg, dict) else None
-            if isinstance(table, dict):
-                out += [str(v) for v in table.values() if isinstance(v, str) and len(v) >= 6]
-    return sorted(out, key=len, reverse=True)
 
 
 def _hide(text: str, secrets: Sequence[str]) -> str:
@@ -275,3 +273,57 @@ def missing_gold_warnings(parts: Sequence[Mapping[str, Any]], rows: Sequence[Map
                        f"score 0 whatever the answer; their task keys: {', '.join(keys) or '(none)'} (set the "
                        "reward's field to the key holding the gold answer)")
     return out
+
+
+_GOLD_FIELDS = ("golden_answers", "answers", "answer")
+
+
+def _numeric(value: Any) -> bool:
+    """Whether a gold answer (or every one of a list of them) reads as a number (``"1,234"`` included)."""
+    values = value if isinstance(value, list) else [value]
+    try:
+        for v in values:
+            if isinstance(v, bool):
+                return False
+            float(str(v).replace(",", ""))
+    except (TypeError, ValueError):
+        return False
+    return bool(values)
+
+
+def reward_defaults(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A composition that fits the file's tasks: a gold-answer reward on the field the tasks carry
+    (``numeric_match`` when every gold is a number, else ``exact_match``), or ``answer_format`` when they carry
+    none, plus the per-turn ``tool_call_format`` at 0.5. Returns ``{"parts": [{"name", "weight", "field",
+    "use"}], "why"}`` (every library reward listed, the unused ones with ``use`` false)."""
+    tasks = [r.get("task") or {} for r in rows]
+    field = next((f for f in _GOLD_FIELDS if tasks and all(f in t for t in tasks)), None)
+    if field is None:
+        keys = sorted({k for t in tasks for k in t})
+        chosen = {"answer_format": 1.0}
+        why = (f"the tasks carry no gold answer ({', '.join(_GOLD_FIELDS)}; their keys: {', '.join(keys) or 'none'}):"
+               " answer_format scores the answer's form")
+    elif all(_numeric(t[field]) for t in tasks):
+        chosen = {"numeric_match": 1.0}
+        why = f"every task's gold answer ({field!r}) is a number: numeric_match on {field!r}"
+    else:
+        chosen = {"exact_match": 1.0}
+        why = f"the tasks' gold answers are in {field!r}: exact_match on {field!r}"
+    chosen["tool_call_format"] = 0.5
+    parts = []
+    for item in reward_library():
+        name = item["name"]
+        parts.append({"name": name, "use": name in chosen, "weight": chosen.get(name, 0.5 if item["per_turn"] else 1.0),
+                      "field": field if item["has_field"] and field else ""})
+    return {"parts": parts, "why": why + "; tool_call_format (x 0.5) scores each turn's calls"}
+
+
+def file_reward_defaults(path: Path, limit: int = 200) -> dict[str, Any]:
+    """:func:`reward_defaults` for the first ``limit`` trajectories of ``path``."""
+    from toolgym.trajectory import TrajectoryFormatError, read_trajectories
+
+    try:
+        rows = read_trajectories(path)
+    except (TrajectoryFormatError, OSError, ValueError) as e:
+        raise UIError(str(e)) from None
+    return reward_defaults(rows[:limit])

@@ -1,4 +1,4 @@
-"""The page itself and what every tab shares: ``/`` and its script, ``/api/info`` (algorithms, configs, rewards,
+"""The page itself and what every tab shares: ``/`` and its scripts, ``/api/info`` (algorithms, configs, rewards,
 envs, limits), ``/api/files`` (the runs directory's trajectory files, evaluations and models) and
 ``/api/upload``."""
 
@@ -11,10 +11,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from trainers.ui import commands as C
-from trainers.ui.playground import reward_library
+from trainers.ui.playground import UIError, reward_library
 from trainers.ui.state import UIDep, public_uri, read_json
 
-__all__ = ["PAGE", "SCRIPT", "router"]
+__all__ = ["PAGE", "SCRIPT", "SCRIPTS", "router"]
 
 PAGE = Path(__file__).resolve().parent / "page.html"
 SCRIPT = PAGE.with_name("page.js")
@@ -27,9 +27,15 @@ def page() -> Any:
     return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
 
-@router.get("/static/page.js")
-def page_js() -> Any:
-    return Response(SCRIPT.read_text(encoding="utf-8"), media_type="text/javascript; charset=utf-8")
+#: the page's scripts, served by name (no other file under this directory is served)
+SCRIPTS = ("page.js", "hand.js")
+
+
+@router.get("/static/{name}")
+def page_js(name: str) -> Any:
+    if name not in SCRIPTS:
+        raise UIError(f"no script {name!r}")
+    return Response(PAGE.with_name(name).read_text(encoding="utf-8"), media_type="text/javascript; charset=utf-8")
 
 
 @router.get("/api/info")

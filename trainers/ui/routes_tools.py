@@ -1,6 +1,7 @@
 """The environment tabs' API: the tool playground (``/api/tools/*``: load an env's or an MCP config's tools, call
 one), the reward composer (``/api/rewards/score``) and Play an episode (``/api/play``: one episode as a job, then
-its trajectory row)."""
+its trajectory row; Play by hand, ``/api/hand/*``: a person's turns answered by the env), and the env cards
+(``/api/envs``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from trainers.ui import commands as C
-from trainers.ui.playground import UIError, score_file
+from trainers.ui.playground import UIError, file_reward_defaults, score_file
 from trainers.ui.state import UIDep, read_json
 
 __all__ = ["router"]
@@ -23,10 +24,47 @@ router = APIRouter()
 async def tools_load(request: Request, ui: UIDep) -> Any:
     d = await read_json(request)
     if d.get("env"):
-        tools = await run_in_threadpool(ui.tools.load_env, str(d["env"]))
+        tools = await run_in_threadpool(ui.tools.load_env, str(d["env"]), str(d.get("config", "")))
     else:
         tools = await run_in_threadpool(ui.tools.load_mcp, str(d.get("config", "")))
-    return {"source": ui.tools.source, "tools": tools}
+    return {"source": ui.tools.source, "tools": tools, "tasks": ui.tools.tasks}
+
+
+@router.post("/api/tools/task")
+async def tools_task(request: Request, ui: UIDep) -> Any:
+    """An env whose tools are per task: the tools of the task picked."""
+    d = await read_json(request)
+    tools = await run_in_threadpool(ui.tools.pick_task, str(d.get("task", "")))
+    return {"source": ui.tools.source, "tools": tools, "tasks": ui.tools.tasks, "task": ui.tools.task}
+
+
+@router.get("/api/envs")
+def envs() -> Any:
+    """A card per registered env: what it needs from the page, whether its tools are per task."""
+    from trainers.ui.envcards import env_cards
+
+    return {"envs": env_cards()}
+
+
+@router.post("/api/hand/reset")
+async def hand_reset(request: Request, ui: UIDep) -> Any:
+    """Play by hand: start (or start over) this tab's episode."""
+    d = await read_json(request)
+    seed = d.get("seed")
+    try:
+        seed = None if seed in (None, "") else int(seed)
+    except (TypeError, ValueError):
+        raise UIError(f"bad seed {seed!r}: a whole number from 0") from None
+    return await run_in_threadpool(ui.hand.reset, str(d.get("session", "")), str(d.get("env", "")), seed=seed,
+                                   task=str(d.get("task") or ""), mcp_config=str(d.get("config", "")),
+                                   prompt=str(d.get("prompt", "")))
+
+
+@router.post("/api/hand/step")
+async def hand_step(request: Request, ui: UIDep) -> Any:
+    """Play by hand: the assistant's turn as typed; the env's answer."""
+    d = await read_json(request)
+    return await run_in_threadpool(ui.hand.step, str(d.get("session", "")), str(d.get("text", "")))
 
 
 @router.post("/api/tools/call")
@@ -43,6 +81,13 @@ async def rewards_score(request: Request, ui: UIDep) -> Any:
     if not isinstance(parts, list):
         raise UIError("parts must be a list of {name, weight}")
     return await run_in_threadpool(score_file, path, parts)
+
+
+@router.get("/api/rewards/defaults")
+async def rewards_defaults(file: str, ui: UIDep) -> Any:
+    """The composition that fits a trajectory file's tasks (their gold field and its kind)."""
+    path = C.inside(ui.runs, file, what="trajectory file")
+    return await run_in_threadpool(file_reward_defaults, path)
 
 
 @router.post("/api/play")

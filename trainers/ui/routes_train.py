@@ -44,7 +44,7 @@ async def train_command(request: Request, ui: UIDep) -> Any:
 
 @router.get("/api/train/run_name")
 def train_run_name(base: str, ui: UIDep) -> Any:
-    return {"run_name": C.free_run_name(ui.runs, base)}
+    return {"run_name": C.free_run_name(ui.runs, base, taken=ui.launched_run_names())}
 
 
 @router.post("/api/train/launch")

@@ -44,11 +44,12 @@ def check_bind(host: str, token: str | None) -> None:
 
 def build_app(ui: UI) -> FastAPI:
     """The FastAPI app over ``ui``: the security middleware, then the page's routers; the tool playground's MCP
-    servers stop with the app."""
+    servers and the hand-played episodes stop with the app."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         yield
         ui.tools.close()
+        ui.hand.close()
 
     app = FastAPI(title="toolgym ui", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.ui = ui

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 from fastapi import Depends, Request
 
 from trainers.ui.form import SetupStore
+from trainers.ui.handplay import HandSessions
 from trainers.ui.jobs import JobStore
 from trainers.ui.playground import ToolPlayground, UIError
 
@@ -33,7 +34,8 @@ def public_uri(uri: str) -> str:
 
 
 class UI:
-    """The state behind the page: the runs directory, the job store, the tool playground."""
+    """The state behind the page: the runs directory, the job store, the tool playground, the hand-played
+    episodes."""
 
     def __init__(self, runs: Path, token: str | None, max_upload: int) -> None:
         self.runs = runs.resolve()
@@ -47,6 +49,7 @@ class UI:
         self.tracking_uri = env["MLFLOW_TRACKING_URI"]
         self.jobs = JobStore(self.runs, env)
         self.tools = ToolPlayground()
+        self.hand = HandSessions()
         self.setups = SetupStore(self.runs)
 
     def files(self, kind: str) -> list[str]:
@@ -83,6 +86,15 @@ class UI:
         d.mkdir(parents=True, exist_ok=True)
         (d / base).write_text(content, encoding="utf-8")
         return str((d / base).relative_to(self.runs))
+
+    def launched_run_names(self) -> set[str]:
+        """The run names of the UI's training jobs (their ``--output_dir`` under the runs directory), taken
+        whether or not the job has written anything there yet."""
+        out: set[str] = set()
+        for job in self.jobs.list():
+            argv = job.get("argv", [])
+            out |= {Path(argv[i + 1]).name for i in range(len(argv) - 1) if argv[i] == "--output_dir"}
+        return out
 
     def ended_runs(self) -> dict[str, str]:
         """``{MLflow run id: "stopped" | "failed"}`` of the training jobs the UI stopped or that failed: the run id
