@@ -203,3 +203,23 @@ def test_the_vllm_request_carries_one_placeholder_per_image_and_the_images_in_or
     policy.generate([GenerationRequest([1, 2, 3], 4, (stop,))])
     assert engine.prompts[-1] == {"prompt_token_ids": [1, 2, 3]}
     env.close()
+
+
+def test_a_vllm_request_with_gemma3_images_is_refused_with_a_named_error() -> None:
+    """Gemma 3's expanded block keeps its wrapper and newline tokens; collapsed, vLLM would expand it again: the
+    request is refused before the engine sees it, naming the family and what to use instead."""
+    from toolgym.format.vision import VisionInputError, vllm_prompt
+
+    p = processor("gemma3")
+    env = make_env("gemma3")
+    env.reset(seed=0)
+    env.step(env.encode_action(env.format.parser.format_calls([("snap", {"width": 90, "height": 40})])))
+    conv = env.conversation
+    engine = RecordingEngine([1])
+    policy = VLLMEnginePolicy(engine, lambda r: {"max_tokens": r.max_new_tokens}, processor=p)
+    req = GenerationRequest(conv.prompt_ids + conv.completion_ids, 8, (env.format.eot_id,), images=list(conv.images))
+    with pytest.raises(VisionInputError, match="gemma3.*TransformersPolicy"):
+        policy.generate([req])
+    assert engine.prompts == []
+    assert vllm_prompt([1, 2, 3], [], p) == {"prompt_token_ids": [1, 2, 3]}  # text alone is fine
+    env.close()

@@ -73,6 +73,8 @@ class VisionFamily:
         wrappers: the tokens around an image's tokens that belong to its block (never split by a budget).
         type_ids_key: the forward's per-token image marker: ``"mm_token_type_ids"`` (Qwen) or ``"token_type_ids"``
             (Gemma 3); 1 on each image token, 0 elsewhere.
+        vllm_collapse: whether collapsing each run of image tokens to one gives the prompt vLLM expands itself
+            (Qwen); Gemma 3's expanded block also holds wrapper and newline tokens that vLLM's expansion adds again.
     """
 
     name: str
@@ -81,6 +83,7 @@ class VisionFamily:
     template: str
     wrappers: tuple[str, ...]
     type_ids_key: str
+    vllm_collapse: bool = True
 
     def chat_template(self) -> str:
         """The text of the family's chat template."""
@@ -93,7 +96,7 @@ FAMILIES: dict[str, VisionFamily] = {
     "qwen2_5_vl": VisionFamily("qwen2_5_vl", "user", "hermes", "qwen2_5_vl_tools.jinja", _QWEN_WRAPPERS,
                                "mm_token_type_ids"),
     "gemma3": VisionFamily("gemma3", "user", "pythonic", "gemma3_tools.jinja", ("<start_of_image>", "<end_of_image>"),
-                           "token_type_ids"),
+                           "token_type_ids", vllm_collapse=False),
 }
 _BY_PROCESSOR = {"Qwen3VLProcessor": "qwen3_vl", "Qwen2_5_VLProcessor": "qwen2_5_vl", "Qwen2VLProcessor": "qwen2_5_vl",
                  "Gemma3Processor": "gemma3"}
@@ -354,13 +357,17 @@ def collapse_image_runs(ids: Sequence[int], image_token_id: int) -> list[int]:
 def vllm_prompt(ids: Sequence[int], images: Sequence[Image], processor: Any) -> dict[str, Any]:
     """A vLLM ``TokensPrompt`` dict for expanded ``ids`` and their ``images``: ``{"prompt_token_ids": ids with one
     image token per image, "multi_modal_data": {"image": [PIL images in order]}}`` (no ``multi_modal_data``
-    without images). Exact for the Qwen families (the collapsed prompt is what their template renders); Gemma 3
-    keeps its block's wrapper and newline tokens, which vLLM's own expansion adds again.
+    without images). Exact for the Qwen families (the collapsed prompt is what their template renders).
 
     Raises:
-        VisionInputError: the ids hold another number of image runs than ``len(images)``.
+        VisionInputError: the ids hold another number of image runs than ``len(images)``, or images for a family
+            whose collapsed ids vLLM would not expand to the same block (Gemma 3: :attr:`VisionFamily.vllm_collapse`).
     """
     vf = vision_format(processor)
+    if images and not vf.family.vllm_collapse:
+        raise VisionInputError(f"vLLM prompts with images are not built for {vf.family.name}: its expanded image "
+                               "block keeps wrapper and newline tokens that vLLM's own expansion adds again; "
+                               "generate with TransformersPolicy(processor=...)")
     out = collapse_image_runs(ids, vf.image_token_id)
     runs = sum(1 for t in out if t == vf.image_token_id)
     if runs != len(images):
