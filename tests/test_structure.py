@@ -51,7 +51,7 @@ MAX_LINES = 600
 
 #: rule 7: the plumbing allowed at the top level of ``trainers/`` beside the single-module algorithms of
 #: ``trainers.ALGORITHMS`` (an algorithm's internal module goes in its package, a new shared part in a wing)
-TRAINERS_TOP = frozenset({"__init__", "cli", "runconfig", "contract", "credit"})
+TRAINERS_TOP = frozenset({"__init__", "cli", "runconfig", "contract", "credit", "vision"})
 #: rule 5: calls that import a module named by a string
 IMPORT_CALLS = frozenset({"import_module", "__import__", "find_spec", "run_module", "import_train"})
 

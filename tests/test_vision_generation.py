@@ -218,7 +218,7 @@ def test_a_vllm_request_with_gemma3_images_is_refused_with_a_named_error() -> No
     engine = RecordingEngine([1])
     policy = VLLMEnginePolicy(engine, lambda r: {"max_tokens": r.max_new_tokens}, processor=p)
     req = GenerationRequest(conv.prompt_ids + conv.completion_ids, 8, (env.format.eot_id,), images=list(conv.images))
-    with pytest.raises(VisionInputError, match="gemma3.*TransformersPolicy"):
+    with pytest.raises(VisionInputError, match=r"gemma3.*TransformersPolicy"):
         policy.generate([req])
     assert engine.prompts == []
     assert vllm_prompt([1, 2, 3], [], p) == {"prompt_token_ids": [1, 2, 3]}  # text alone is fine

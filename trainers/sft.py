@@ -13,6 +13,11 @@ The algorithm (:class:`Config`, :func:`run`; oracle episodes, TRL ``SFTTrainer``
 
 The pieces are shared: :func:`collect` (rejection sampling), :func:`masked_sft` (the fast masked-SFT loop of RFT,
 the demo's warm start and the benchmarks), :func:`train_sft` (``SFTTrainer`` on trajectories).
+
+Episodes with images (a vision-language env's, images as the processor's image tokens): :func:`masked_sft` with
+``processor=`` gives every micro-batch's forward its rows' pixel tensors, grid sizes and image type ids
+(:func:`trainers.vision.image_kwargs`); TRL's ``SFTTrainer`` path (:func:`sft_dataset`, :func:`train_sft`,
+``update: trl``) takes token ids alone and refuses them (:class:`trainers.vision.VisionTrainingError`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from toolgym.rollout import Policy, RolloutDriver, summarize
 from toolgym.trajectory import Trajectory
 from trainers.contract import EnvConfig, RunResult
 from trainers.runconfig import opt
+from trainers.vision import check_counts, check_vision_model, image_kwargs, trajectory_images
 
 __all__ = [
     "OPTIMIZERS",
@@ -88,8 +94,20 @@ def _episode_rows(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> lis
 
 def sft_dataset(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> Any:
     """A ``datasets.Dataset`` with ``input_ids`` (prompt + completion) and ``assistant_masks`` (0 on the prompt,
-    then the loss mask: 1 only on tokens the policy sampled). Accepts trajectories or their JSONL dicts."""
+    then the loss mask: 1 only on tokens the policy sampled). Accepts trajectories or their JSONL dicts.
+
+    Raises:
+        VisionTrainingError: an episode holds image tokens (TRL's ``SFTTrainer`` would train on them without their
+            images); use :func:`masked_sft` with ``processor=``.
+    """
     from datasets import Dataset
+
+    if any(trajectory_images(t) for t in trajectories):
+        from trainers.vision import VisionTrainingError
+
+        raise VisionTrainingError("sft_dataset: the episodes hold image tokens and TRL's SFTTrainer path takes token "
+                                  "ids alone; train them with trainers.sft.masked_sft(..., processor=...) "
+                                  "(toolgym train sft: update: masked)")
 
     ids, masks = [], []
     for p, c, m in _episode_rows(trajectories):
@@ -116,13 +134,16 @@ def pad_sft_batch(trajectories: Sequence[Trajectory | Mapping[str, Any]]) -> tup
     return ids, attn, target
 
 
-def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any) -> Any:
+def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any, **image_inputs: Any) -> Any:
     """Mean cross-entropy over the positions where ``target`` is True (the policy's own tokens), a scalar tensor.
 
     ``ids``, ``attention_mask``, ``target``: ``(B, L)``. The transformer body runs on the whole sequence but the
     LM head only on the targeted positions: with a 49,152-token vocabulary the head over all ~100-300 positions
     is most of the cost, which this path avoids. Position ``p`` predicts token ``p + 1``. Needs a model with
-    ``.model`` (body) and ``.lm_head`` (Llama/Qwen/Mistral-style causal LMs); others fall back to full logits.
+    ``.model`` (body) and ``.lm_head`` (Llama/Qwen/Mistral-style causal LMs, and the vision-language models
+    whose body takes the images); others fall back to full logits. ``image_inputs``: the rows' image inputs
+    (:func:`trainers.vision.image_kwargs`: type ids ``(B, L)``, ``pixel_values``, ``image_grid_thw``), passed to
+    the forward.
     """
     import torch.nn.functional as F
 
@@ -130,10 +151,10 @@ def masked_sft_loss(model: Any, ids: Any, attention_mask: Any, target: Any) -> A
     labels = ids[:, 1:][sel]
     body, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     if body is not None and head is not None:
-        hidden = body(input_ids=ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+        hidden = body(input_ids=ids, attention_mask=attention_mask, **image_inputs).last_hidden_state  # (B, L, H)
         logits = head(hidden[:, :-1][sel])  # (targets, V)
     else:  # pragma: no cover - models without the body/head split
-        logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1][sel]
+        logits = model(input_ids=ids, attention_mask=attention_mask, **image_inputs).logits[:, :-1][sel]
     import torch
 
     # half-precision logits are scored in float32; float32 and float64 ones as they are
@@ -191,6 +212,7 @@ def masked_sft(
     optim: str = "adamw_torch",
     autocast: str | None = None,
     trim_heap: bool = False,
+    processor: Any = None,
 ) -> list[float]:
     """Fine-tune ``model`` in place on the trajectories' policy tokens (``loss_mask`` 1) for ``steps`` steps;
     returns the loss per step. The shared fast path of :func:`train_sft`-style SFT, RFT (:mod:`trainers.rft`)
@@ -206,7 +228,15 @@ def masked_sft(
     ``autocast``: run forward and backward under ``torch.autocast`` in this dtype (``"bfloat16"``); weights,
     gradients and the optimizer stay in the model's dtype. ``trim_heap``: hand the heap's free pages back to the OS
     after every micro-batch (:func:`toolgym.resources.trim_heap`), so the next one's transient memory does not
-    stack on the last one's leftovers.
+    stack on the last one's leftovers. ``processor``: the vision-language model's processor, needed when
+    episodes hold image tokens: each micro-batch's forward gets its rows' images (:mod:`trainers.vision`), so the
+    loss is that of a plain forward of each whole conversation; image tokens have loss mask 0 and are never
+    targets.
+
+    Raises:
+        VisionTrainingError: episodes hold image tokens and there is no ``processor`` or the model has no vision
+            tower.
+        VisionInputError: an episode's image-token count is not what its images take (a cut image block).
     """
     import torch
 
@@ -215,6 +245,11 @@ def masked_sft(
     if not trajectories:
         raise ValueError("masked_sft: no trajectories (did any episode clear the reward threshold?)")
     ids, attn, target = pad_sft_batch(trajectories)
+    images = [trajectory_images(t) for t in trajectories]
+    vision = any(images)
+    if vision:
+        check_vision_model(model, processor, "masked_sft")
+        check_counts([(ids[i, : int(attn[i].sum())].tolist(), images[i]) for i in range(len(images))], processor)
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], optim, lr=lr)
     device = next(model.parameters()).device
@@ -237,9 +272,10 @@ def masked_sft(
                 share = int(target[mb, 1:width].sum()) / max(1, n_all)
                 if share == 0:
                     continue
+                mb_ids, mb_attn = ids[mb, :width].to(device), attn[mb, :width].to(device)
+                extra = image_kwargs([images[i] for i in mb], mb_ids, mb_attn, processor) if vision else {}
                 with autocast_context(device.type, autocast):
-                    loss = masked_sft_loss(model, ids[mb, :width].to(device), attn[mb, :width].to(device),
-                                           target[mb, :width].to(device)) * share
+                    loss = masked_sft_loss(model, mb_ids, mb_attn, target[mb, :width].to(device), **extra) * share
                 loss.backward()
                 loss_total += float(loss.item())
                 del loss
@@ -485,7 +521,8 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
             try:
                 losses += masked_sft(model, kept, steps=steps, lr=args.learning_rate, batch_size=bs, seed=args.seed,
                                      max_grad_norm=args.max_grad_norm, micro_batch_size=config.micro_batch_size or None,
-                                     autocast=config.autocast, trim_heap=config.trim_heap)
+                                     autocast=config.autocast, trim_heap=config.trim_heap,
+                                     processor=config.env_kwargs.get("processor"))
             finally:
                 if config.checkpoint_activations:
                     model.gradient_checkpointing_disable()

@@ -4,6 +4,13 @@ sends each turn's prompts through TRL's ``_generate_single_turn`` (vLLM server o
 budget and stop tokens, the model unwrapped from the training wrappers, autocast without Accelerate's forward
 wrapper, the reserved key/value cache, inverse-CDF sampling on the CPU (:mod:`trainers.grpo.sampling`), and LoRA
 adapters merged while generating. Each of these restores what it changed on exit.
+
+Requests with images (a vision-language env's, :mod:`toolgym.format.vision`) are generated with them: through
+``model.generate`` with the rows' pixel tensors, grid sizes and image type ids (the rows' whole prompts prefilled:
+the turn cache and the shared-prefix prefill take no images and are skipped for such a call, logged once), image
+and wrapper tokens never sampled; through vLLM with each prompt's images as ``multi_modal_data`` (colocated: each
+image's run of tokens collapsed to one placeholder, which vLLM expands itself,
+:func:`toolgym.format.vision.vllm_prompt`; server: the expanded ids, on whose runs TRL places the image features).
 """
 
 from __future__ import annotations
@@ -13,12 +20,16 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from transformers.utils import logging as hf_logging
+
 from toolgym.precision import autocast_context
 from toolgym.rollout import Generation, GenerationRequest, TurnCache
 from toolgym.rollout.turn_cache import TurnCall
 from trainers.grpo.sampling import inverse_cdf_sampling
 
 __all__ = ["SharedPrefixCount", "TRLPolicy"]
+
+logger = hf_logging.get_logger(__name__)
 
 
 @contextlib.contextmanager
@@ -211,6 +222,22 @@ def _merged_adapters(trainer: Any) -> Iterator[None]:
         model.unmerge_adapter()
 
 
+@contextlib.contextmanager
+def _suppressed(trainer: Any, token_ids: Sequence[int]) -> Iterator[None]:
+    """``token_ids`` never sampled by transformers generation for the duration (the generation config's
+    ``suppress_tokens``); vLLM is left alone (its prompts hold one placeholder per image, never sampled back)."""
+    gc = getattr(trainer, "generation_config", None)
+    if gc is None or getattr(trainer, "use_vllm", False):
+        yield
+        return
+    saved = gc.suppress_tokens
+    gc.suppress_tokens = sorted({*(saved or ()), *(int(t) for t in token_ids)})
+    try:
+        yield
+    finally:
+        gc.suppress_tokens = saved
+
+
 class SharedPrefixCount:
     """What shared prompts saved in GRPO's transformers generation: ``calls`` = ``generate()`` calls that prefilled
     each distinct prompt once, ``tokens`` = prompt tokens they did not prefill."""
@@ -242,6 +269,8 @@ class TRLPolicy:
     Attributes:
         calls: number of ``_generate_single_turn`` calls made by this process.
         shared: a :class:`SharedPrefixCount` (``None`` with ``shared_prefix`` off).
+        processor: the vision-language model's processor (set by the rollout adapter), needed by requests with
+            images (module docstring); ``None`` refuses them.
     """
 
     concurrent = False
@@ -253,6 +282,9 @@ class TRLPolicy:
         self.shared = SharedPrefixCount() if shared_prefix else None
         self.calls = 0
         self._filler: list[int] | None = None
+        self._filler_images: list[Any] = []
+        self.processor: Any = None
+        self._warned_images = False
         self._stops: set[int] = set()
         self._pool: Any = None
         #: each episode's keys and values between its turns (transformers generation; cleared when the weights change)
@@ -297,26 +329,8 @@ class TRLPolicy:
             torch.cuda.set_device(device)
         return self.generate(requests)
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        if requests and self._filler is None:
-            self._filler = list(requests[0].prompt_ids)
-        local_budget = max((r.max_new_tokens for r in requests), default=1)
-        count, budget = self._agree([len(requests), local_budget])
-        if count == 0:
-            return []
-        prompts = [list(r.prompt_ids) for r in requests]
-        if len(prompts) < count:
-            if self._filler is None:
-                raise RuntimeError("TRLPolicy: no filler prompt for a rank without episodes")
-            prompts += [self._filler] * (count - len(prompts))
-        for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
-            self._stops.update(int(t) for t in (r.stop_ids or ()))
-        ends = self._stops | {int(t) for t in (getattr(self.trainer, "eos_token_ids", ()) or ())}
-        with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
-              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer, self.turns, sorted(ends), self.shared),
-              _cpu_sampling(self.trainer)):
-            completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
-        self.calls += 1
+    def _generations(self, requests: Sequence[GenerationRequest], completion_ids: Any, logprobs: Any
+                     ) -> list[Generation]:
         eos = tuple(getattr(self.trainer, "eos_token_ids", ()) or ())
         # TRL reads a NaN sampling logprob as "unavailable" (importance ratio 1): keep NaN, not 0.0
         return [
@@ -326,3 +340,63 @@ class TRLPolicy:
             )
             for i, r in enumerate(requests)
         ]
+
+    def _generate_with_images(self, requests: Sequence[GenerationRequest], prompts: list[list[int]],
+                              images: list[list[Any]], budget: int) -> list[Generation]:
+        """One call whose prompts hold images (module docstring)."""
+        from toolgym.format.vision import vision_format, vllm_prompt
+        from trainers.vision import check_counts, check_vision_model, image_tensors
+
+        check_vision_model(_unwrapped_model(self.trainer), self.processor, "GRPO generation (TRLPolicy)")
+        check_counts(list(zip(prompts, images, strict=True)), self.processor)
+        vf = vision_format(self.processor)
+        trainer = self.trainer
+        fields: dict[str, Any] = {}
+        pil: list[Any] | None = None
+        if getattr(trainer, "use_vllm", False):
+            pil = [[img.to_pil().convert("RGB") for img in row] or None for row in images]
+            if getattr(trainer, "vllm_mode", "") == "colocate":  # vLLM expands each placeholder itself
+                prompts = [vllm_prompt(ids, row, vf)["prompt_token_ids"] for ids, row in zip(prompts, images,
+                                                                                              strict=True)]
+        else:
+            if not self._warned_images:
+                logger.warning("GRPO generation with images: the turn cache and the shared-prefix prefill take no "
+                               "images; calls with images prefill every row's whole prompt")
+                self._warned_images = True
+            # the images' tensors in row order, the type ids as per-row lists (TRL left-pads them as the ids)
+            fields = image_tensors(images, vf)
+            fields[vf.family.type_ids_key] = [[int(t == vf.image_token_id) for t in ids] for ids in prompts]
+        for r in requests:
+            self._stops.update(int(t) for t in (r.stop_ids or ()))
+        with (_turn_budget(trainer, budget, sorted(self._stops)), _generation_autocast(trainer),
+              _merged_adapters(trainer), _suppressed(trainer, sorted(vf.block_ids)), _cpu_sampling(trainer)):
+            completion_ids, logprobs = trainer._generate_single_turn(prompts, pil, fields, 1)
+        self.calls += 1
+        return self._generations(requests, completion_ids, logprobs)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if requests and self._filler is None:
+            self._filler = list(requests[0].prompt_ids)
+            self._filler_images = list(requests[0].images or ())
+        local_budget = max((r.max_new_tokens for r in requests), default=1)
+        count, budget = self._agree([len(requests), local_budget])
+        if count == 0:
+            return []
+        prompts = [list(r.prompt_ids) for r in requests]
+        images = [list(r.images or ()) for r in requests]
+        if len(prompts) < count:
+            if self._filler is None:
+                raise RuntimeError("TRLPolicy: no filler prompt for a rank without episodes")
+            prompts += [self._filler] * (count - len(prompts))
+            images += [self._filler_images] * (count - len(images))
+        if any(images):
+            return self._generate_with_images(requests, prompts, images, budget)
+        for r in requests:  # every stop id seen so far: a rank with no requests still sends them (vLLM server)
+            self._stops.update(int(t) for t in (r.stop_ids or ()))
+        ends = self._stops | {int(t) for t in (getattr(self.trainer, "eos_token_ids", ()) or ())}
+        with (_turn_budget(self.trainer, budget, sorted(self._stops)), _generation_autocast(self.trainer),
+              _merged_adapters(self.trainer), _reserved_generation_cache(self.trainer, self.turns, sorted(ends), self.shared),
+              _cpu_sampling(self.trainer)):
+            completion_ids, logprobs = self.trainer._generate_single_turn(prompts, None, {}, 1)
+        self.calls += 1
+        return self._generations(requests, completion_ids, logprobs)

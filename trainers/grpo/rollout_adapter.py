@@ -19,6 +19,10 @@ What TRL 1.16 does with it (read from ``trl/trainer/grpo_trainer.py``, pinned in
   vLLM server mode gathers prompts from every rank and slices the answers by ``process_index * len(prompts)``,
   so every rank must make the same number of calls **with the same number of prompts**: the adapter runs the
   lock-step schedule, agrees on the number of turns across ranks, and pads short ranks with a filler prompt.
+* With ``rollout_func`` TRL passes no images to its loss forward (``images=None``): for episodes with images
+  (``env_kwargs={"processor": ...}``) :class:`trainers.grpo.trainer.TurnCreditGRPOTrainer` gives each forward its
+  rows' images itself (:meth:`ToolgymRollout.row_images`, :mod:`trainers.vision`), and :class:`TRLPolicy`
+  generates with them.
 * TRL does not check returned lengths: the adapter keeps each completion within ``max_completion_length`` and
   prompt + completion within the model's context (an overlong tail, always env tokens or a cut turn, is clipped).
 """
@@ -31,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from toolgym.format.vision import episode_images
+from toolgym.images import Image
 from toolgym.resources import trim_heap
 from toolgym.rollout import RolloutDriver
 from toolgym.tools.base import ToolErrorKind
@@ -82,7 +88,9 @@ class ToolgymRollout:
             ``fn(num_envs=n, **env_kwargs) -> ToolVectorEnv`` for unregistered envs.
         tasks: the task rows the prompts refer to (looked up by ``id``, then by prompt text). Prompts not found
             raise a clear ``KeyError``.
-        env_kwargs: forwarded to the env (the trainer's tokenizer is passed as ``tokenizer`` unless given).
+        env_kwargs: forwarded to the env (the trainer's tokenizer is passed as ``tokenizer`` unless given). A
+            ``processor`` (a vision-language model's) makes the episodes' images image tokens: the policy generates
+            with them and :class:`~trainers.grpo.trainer.TurnCreditGRPOTrainer` trains with them.
         max_turn_tokens: tokens sampled per assistant turn.
         max_completion_length: completion budget (default: ``trainer.max_completion_length``).
         trajectory_dir: if set, each call appends its trajectories to ``trajectory_dir/rank{r}.jsonl``.
@@ -130,6 +138,8 @@ class ToolgymRollout:
         self.by_id = {str(t["id"]): t for t in self.tasks}
         self.by_prompt = {str(t["prompt"]): t for t in self.tasks if "prompt" in t}
         self.env_kwargs = dict(env_kwargs or {})
+        #: the vision-language model's processor (``env_kwargs["processor"]``), ``None`` for text episodes
+        self.processor = self.env_kwargs.get("processor")
         self.max_turn_tokens = max_turn_tokens
         self.max_completion_length = max_completion_length
         self.trajectory_dir = Path(trajectory_dir) if trajectory_dir is not None else None
@@ -188,6 +198,11 @@ class ToolgymRollout:
             return rows
         return self.rows(self.play(tasks, trainer), trainer)
 
+    def row_images(self) -> list[list[Image]]:
+        """Per row of the last call's output (in order), the images its ids hold as image tokens (``[]`` each for
+        text episodes): what the loss forward of that row needs (:mod:`trainers.vision`)."""
+        return [episode_images(t) for t in self.last_trajectories]
+
     def play(self, tasks: Sequence[Mapping[str, Any]], trainer: Any, *, num_envs: int | None = None,
              seed_offset: int = 0) -> list[Trajectory]:
         """Roll out one episode per task (in order) with the trainer's model; returns the clipped trajectories.
@@ -197,6 +212,7 @@ class ToolgymRollout:
         if self.policy is None or self.policy.trainer is not trainer:
             self.policy = TRLPolicy(trainer, self.shared_prefix)
         policy = self.policy
+        policy.processor = self.processor
         if policy.world_size > 1 and self.schedule != "lockstep":
             raise ValueError("several processes need the lock-step schedule (collective generation)")
         budget = int(self.max_completion_length or trainer.max_completion_length)

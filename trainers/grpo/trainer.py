@@ -18,6 +18,15 @@ accepts advantages of shape ``(B, T)`` ("to support subclasses that provide adva
 estimator logs ``toolgym/turn{k}/reward`` and ``toolgym/turn{k}/advantage`` (means over the gathered batch) and,
 when the rollout saves trajectories, writes each turn's advantage into the rows (``turn_advantages``).
 
+Episodes with images (a rollout adapter with ``env_kwargs={"processor": ...}``): TRL's ``rollout_func`` path
+gives its forwards no images, so every forward of the subclass (old and reference log-probabilities over the
+generation batch, the loss over each micro-batch and each of TRL's ``batch_size`` chunks) gets its rows' images
+itself: the output of a generation carries ``toolgym_row`` (each row's index into the adapter's
+:meth:`~trainers.grpo.rollout_adapter.ToolgymRollout.row_images`), which follows the rows through TRL's shuffle and
+split and :func:`~trainers.grpo.zero_advantage.regroup`; the forward gets those rows' image type ids (from the
+ids), pixel tensors and grid sizes (:func:`trainers.vision.image_kwargs`). Shared-prefix packing takes no images:
+such forwards compute every row's prompt (logged once).
+
 Refused with turn-level estimators (they assume one advantage per sequence, or a reward this estimator does not
 see): ``off_policy_mask_threshold`` (a per-sequence keep/drop decided by the advantage's sign), ``loss_type="vespo"``
 (gamma weights chosen by the sign of a per-sequence advantage), ``multi_objective_aggregation="normalize_then_sum"``
@@ -39,6 +48,7 @@ from trainers.credit import check_estimator, token_advantages, turn_advantages
 from trainers.grpo.no_signal import NoSignalSteps
 from trainers.grpo.prompt_packing import ATTENTION_IMPLEMENTATIONS, pack, unpack
 from trainers.grpo.zero_advantage import PARTITION_INVARIANT, all_zero, ensure_zero_grads, regroup, skippable
+from trainers.vision import check_vision_model, image_kwargs
 
 __all__ = ["NEEDED", "TurnCreditGRPOTrainer", "check_turn_credit_args", "scored_positions_only", "trim_padding"]
 
@@ -215,6 +225,11 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
         self.gamma = float(gamma)
         self.gigpo_omega = float(gigpo_omega)
         self.last_turn_advantages: list[list[float]] = []
+        #: per mode ("train", "eval"), per row of its last generation batch, the row's images (``None``: no image)
+        self._row_images: dict[str, list[list[Any]] | None] = {}
+        #: set while a generation batch is scored / while a micro-batch's loss runs (which rows a forward sees)
+        self._scoring = False
+        self._loss_rows: torch.Tensor | None = None
         rf = getattr(self, "rollout_func", None)
         if rf is not None and hasattr(rf, "defer_write"):
             rf.defer_write = True
@@ -226,9 +241,22 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
 
         return list(gather_object(rows))
 
+    def _rollout_images(self) -> list[list[Any]] | None:
+        """The adapter's last rows' images, ``None`` when no row has one (or the rollout is not the adapter)."""
+        rf = getattr(self, "rollout_func", None)
+        rows = rf.row_images() if hasattr(rf, "row_images") else None
+        return rows if rows and any(rows) else None
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
 
-        output = super()._generate_and_score_completions(inputs)
+        self._scoring = True
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._scoring = False
+        images = self._row_images["train" if self.model.training else "eval"] = self._rollout_images()
+        if images is not None:  # follows each row through shuffles and splits (module docstring)
+            output["toolgym_row"] = torch.arange(len(images), device=output["prompt_ids"].device)
         missing = [k for k in NEEDED if k not in inputs[0]]
         if missing:
             if self.advantage == "outcome":
@@ -318,8 +346,51 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
             ensure_zero_grads(model)
             self.skipped_micro_batches += 1
             return torch.zeros((), device=self.accelerator.device, requires_grad=True)
-        with scored_positions_only():
-            return super()._compute_loss(model, trim_padding(inputs))
+        self._loss_rows = inputs.get("toolgym_row")
+        try:
+            with scored_positions_only():
+                return super()._compute_loss(model, trim_padding(inputs))
+        finally:
+            self._loss_rows = None
+
+    def _images_of(self, model: Any, rows: int) -> list[list[Any]] | None:
+        """Per row of the forward being computed, its images; ``None`` when none has one."""
+        table = getattr(self, "_row_images", {}).get("train" if self.model.training else "eval")
+        if getattr(self, "_scoring", False):
+            images = self._rollout_images()
+        elif getattr(self, "_loss_rows", None) is not None and table:
+            images = [table[i] for i in self._loss_rows.tolist()]
+        else:
+            return None
+        if images is None or not any(images):
+            return None
+        if len(images) != rows:
+            raise RuntimeError(f"GRPO forward with images: {rows} rows but images for {len(images)}")
+        check_vision_model(self.accelerator.unwrap_model(model), getattr(self.rollout_func, "processor", None),
+                           "GRPO training")
+        return images
+
+    def _vision_logps(self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                      images: list[list[Any]], batch_size: int | None, compute_entropy: bool,
+                      compute_aux_loss: bool) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """TRL's computation, one chunk of ``batch_size`` rows at a time, each with its rows' image inputs."""
+        processor = self.rollout_func.processor
+        chunk = batch_size or input_ids.size(0)
+        logps, entropies, aux = [], [], []
+        for start in range(0, input_ids.size(0), chunk):
+            ids, am = input_ids[start:start + chunk], attention_mask[start:start + chunk]
+            rows = images[start:start + chunk]
+            kw = image_kwargs(rows, ids, am, processor, num_images=True)
+            if not any(rows):  # type ids (all 0) only: no image tensors for a chunk without images
+                kw = {k: v for k, v in kw.items() if k in ("mm_token_type_ids", "token_type_ids")}
+            lp, ent, al = super()._get_per_token_logps_and_entropies(
+                model, ids, am, logits_to_keep, compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
+                **kw)
+            logps.append(lp)
+            entropies.append(ent)
+            aux.append(al)
+        return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None,
+                torch.stack(aux).mean() if compute_aux_loss else None)
 
     def _unshared(self, reason: str) -> None:
         if reason not in self.unshared_reasons:
@@ -332,12 +403,19 @@ class TurnCreditGRPOTrainer(GRPOTrainer):
                                            **multimodal: Any) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         """TRL's per-token log-probabilities ``(B, C)`` (and entropies ``(B, C)``) of the completion tokens, with
         the rows that share a prompt packed into one row (:mod:`trainers.grpo.prompt_packing`) when
-        ``shared_prefix`` is on. TRL's own computation where packing does not apply: a multimodal batch, an MoE
+        ``shared_prefix`` is on; with the rows' images (:meth:`_vision_logps`) when the episodes have images. TRL's
+        own computation where packing does not apply: a multimodal batch, images in the episodes, an MoE
         auxiliary loss, an attention implementation that takes no custom 4-D mask, or no prompt that two rows
         of a chunk share (logged once per reason)."""
         unshared = (model, input_ids, attention_mask, logits_to_keep)
         kwargs = dict(batch_size=batch_size, compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
                       **multimodal)
+        images = None if any(v is not None for v in multimodal.values()) else self._images_of(model, input_ids.size(0))
+        if images is not None:
+            if self.shared_prefix:
+                self._unshared("images in the episodes")
+            return self._vision_logps(model, input_ids, attention_mask, logits_to_keep, images, batch_size,
+                                      compute_entropy, compute_aux_loss)
         if not self.shared_prefix:
             return super()._get_per_token_logps_and_entropies(*unshared, **kwargs)
         base = self.accelerator.unwrap_model(model)
