@@ -56,7 +56,7 @@ class WeightLog(TrainerCallback):
 def _scores(monkeypatch, by_step: dict[int, float], calls: list[int]) -> None:
     """Fault injection: the validation score of each step comes from ``by_step``; ``calls`` records the steps."""
 
-    def fake(trainer, venv, tasks, *, seed, max_turn_tokens):
+    def fake(trainer, venv, tasks, *, seed, max_turn_tokens, processor=None):
         step = int(trainer.state.global_step)
         calls.append(step)
         return {"success": by_step[step], "reward": by_step[step], "parse_rate": None, "tool_call_rate": 0.0,

@@ -64,7 +64,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolgym.errors", "toolgym.runtime", "toolgym.jsonl", "toolgym.batching", "toolgym.resources",
      "toolgym.checkpoint", "toolgym.weights", "toolgym.precision", "toolgym.console", "toolgym.placement",
      "toolgym.images"),
-    ("toolgym.models",),
+    ("toolgym.models", "toolgym.processors"),
     ("toolgym.tools",),
     ("toolgym.trajectory",),
     ("toolgym.format",),

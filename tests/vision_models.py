@@ -3,7 +3,8 @@
 Nothing is downloaded: the tokenizers are the npm ones of :mod:`tests.tokenizers` (the Qwen3 vocabulary holds the
 Qwen-VL image tokens; Gemma 3's tokenizer is rebuilt with its ``extra_special_tokens`` so ``Gemma3Processor``
 finds ``boi_token`` / ``image_token``); the processors are the image-only ones (the Qwen-VL processors' video
-processor imports torchvision: :func:`processor` leaves it out); the models are built from configs with 2 layers
+processor imports torchvision: :func:`processor` leaves it out with
+:func:`toolgym.processors.image_only_processor`); the models are built from configs with 2 layers
 of width 16 (a few million parameters) and seeded weights.
 
 * ``qwen2_5_vl``: patch 14, merge 2 (a 100x60 image: 8 image tokens);
@@ -51,19 +52,13 @@ def processor(family: str) -> Any:
 
         return Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}),
                                tokenizer=tokenizer(family), image_seq_length=4)
-    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    base = Qwen3VLProcessor if family == "qwen3_vl" else Qwen2_5_VLProcessor
+    from toolgym.processors import image_only_processor
 
-    class ImageOnly(base):  # type: ignore[misc, valid-type]
-        @classmethod
-        def get_attributes(cls) -> list[str]:
-            return ["image_processor", "tokenizer"]
-
-    ImageOnly.__name__ = base.__name__
+    base = "Qwen3VLProcessor" if family == "qwen3_vl" else "Qwen2_5_VLProcessor"
     patch = 16 if family == "qwen3_vl" else 14
-    return ImageOnly(image_processor=Qwen2VLImageProcessorPil(patch_size=patch), tokenizer=tokenizer(family))
+    return image_only_processor(base, Qwen2VLImageProcessorPil(patch_size=patch), tokenizer(family))
 
 
 _TEXT = {"num_hidden_layers": 2, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 4,

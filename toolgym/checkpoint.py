@@ -99,10 +99,16 @@ TASK_SELECTION_KWARGS = frozenset({"split", "tasks", "task_file", "tasks_file", 
 def episode_env_kwargs(env_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The part of a training run's env kwargs that an evaluation of its checkpoint must reuse: everything that
     renders or runs an episode (system prompt, chat template, template kwargs, turn limits, ...), without the task
-    selection (:data:`TASK_SELECTION_KWARGS`) and without values that are not JSON (a tokenizer object, a tool)."""
+    selection (:data:`TASK_SELECTION_KWARGS`) and without values that are not JSON (a tokenizer object, a tool).
+    A ``processor`` (an object, a path, ``true``/``"auto"``) is ``true``: the checkpoint's own processor, which
+    :func:`save_checkpoint` saves beside the weights (``toolgym eval --policy DIR`` loads it from ``DIR``)."""
     out: dict[str, Any] = {}
     for key, value in (env_kwargs or {}).items():
         if key in TASK_SELECTION_KWARGS:
+            continue
+        if key == "processor":
+            if value not in (None, False):
+                out[key] = True
             continue
         try:
             json.dumps(value)
@@ -143,7 +149,8 @@ def read_run_settings(checkpoint: str | os.PathLike[str]) -> dict[str, Any] | No
 
 
 def save_checkpoint(model: Any, tokenizer: Any, path: str | os.PathLike[str], *, chat_template: str | None = None,
-                    run_settings: Mapping[str, Any] | None = None, main_process: bool = True) -> Path:
+                    run_settings: Mapping[str, Any] | None = None, main_process: bool = True,
+                    processor: Any = None) -> Path:
     """Save a trained model and its tokenizer in Hugging Face format, so ``toolgym.models.load_model(path)`` loads
     both: the one save path of every trained checkpoint (every ``trainers`` algorithm, the demo, the benchmarks).
 
@@ -158,6 +165,9 @@ def save_checkpoint(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
             ``toolgym_run.json`` so ``toolgym eval --policy path`` renders the prompt the model was trained on.
         main_process: whether this process writes the files (``False`` on the other ranks of a multi-process
             run: they only take part in a trainer's ``save_model``).
+        processor: a vision-language model's processor, saved too (its ``save_pretrained``: the image processor's
+            config, with the tokenizer written as above), so ``toolgym.processors.load_processor(path)`` and
+            ``toolgym eval --policy path`` find it.
 
     Returns:
         The directory.
@@ -175,7 +185,9 @@ def save_checkpoint(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     if chat_template is not None:
         tok = copy.deepcopy(tokenizer)
         tok.chat_template = chat_template
-    tok.save_pretrained(str(p))
+    if processor is not None:
+        processor.save_pretrained(str(p))
+    tok.save_pretrained(str(p))  # after the processor's: its tokenizer is the one given (chat_template included)
     if run_settings is not None:
         write_run_settings(p, **run_settings)
     return p

@@ -342,6 +342,12 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer; ``None`` gives the embedded SmolLM2-135M-Instruct (134.5M params).
 
+    A vision-language checkpoint (:func:`is_vision_checkpoint`: its config has ``vision_config``; Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL, Gemma 3) loads with ``AutoModelForImageTextToText`` (its ``...ForConditionalGeneration``,
+    vision tower included), in ``dtype`` as a text model, and the tokenizer returned is its processor's
+    (``load_processor(path).tokenizer``, the same object), or the directory's tokenizer when it has no processor
+    config.
+
     The embedded model is de-quantised from GGUF on first use (~15-20 s on 2 CPU cores) and a float32
     safetensors copy is cached (``embedded_cache_dir() / "model"``); later loads read it (a few seconds).
     The model is returned in eval mode, with ``eos_token_id`` = ``<|im_end|>`` and ``pad_token_id`` =
@@ -360,6 +366,8 @@ def load_model(
     """
     import torch
     from transformers import AutoModelForCausalLM
+
+    from toolgym.processors import is_vision_checkpoint
 
     if dtype is None:
         dtype = torch.float32
@@ -388,6 +396,19 @@ def load_model(
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         model = _load_gguf_model(path, dtype)
+    elif is_vision_checkpoint(name_or_path):
+        from transformers import AutoModelForImageTextToText
+
+        from toolgym.processors import ProcessorNotFoundError, load_processor
+
+        model = AutoModelForImageTextToText.from_pretrained(str(name_or_path), dtype=dtype)
+        try:
+            tok = load_processor(name_or_path).tokenizer
+        except ProcessorNotFoundError:
+            tok = load_tokenizer(name_or_path)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        return model.eval(), tok
     else:
         model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=dtype)
     tok = load_tokenizer(name_or_path)

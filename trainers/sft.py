@@ -431,16 +431,20 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     from toolgym.evaluation import oracle_policy
     from toolgym.evaluation.tasks import round_tasks
     from toolgym.rollout import TransformersPolicy
-    from trainers.contract import load_policy, prepare
+    from trainers.contract import load_policy, prepare, resolve_processor
     from trainers.runconfig import trl_config
 
     args = trl_config("SFTConfig", config.trl)
     prepare(threads=config.threads, seed=args.seed)
     if model is None:
         model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
+    # env_kwargs.processor (true / a directory) -> the processor object (a vision-language model's image tokens)
+    env_kwargs, tokenizer = resolve_processor(dict(config.env_kwargs), config.model, model, tokenizer)
+    processor = env_kwargs.get("processor")
     policy: Policy = (oracle_policy() if config.policy == "oracle"
-                      else TransformersPolicy(model, tokenizer, temperature=config.temperature, seed=args.seed))
-    env_kwargs = {"tokenizer": tokenizer, **config.env_kwargs}
+                      else TransformersPolicy(model, tokenizer, temperature=config.temperature, seed=args.seed,
+                                              processor=processor))
+    env_kwargs = {"tokenizer": tokenizer, **env_kwargs}
 
     def collect_round(r: int) -> tuple[list[Trajectory], list[Trajectory]]:
         rows: list[Mapping[str, Any] | None] = ([None] * config.episodes if tasks is None
@@ -449,7 +453,7 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
                        max_turn_tokens=config.max_turn_tokens, num_envs=config.num_envs, env_kwargs=env_kwargs)
 
     if config.update == "masked":
-        return _run_masked(config, args, model, tokenizer, collect_round)
+        return _run_masked(config, args, model, tokenizer, collect_round, processor)
     kept, alltr = collect_round(0)
     print(f"[sft] {len(alltr)} episodes, kept {len(kept)} (reward >= {config.threshold}): {summarize(alltr)}")
     out, traj_path = _write_kept(config, args, kept)
@@ -497,9 +501,11 @@ def _policy_tokens(trajectories: Sequence[Trajectory]) -> int:
 
 
 def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
-                collect_round: Callable[[int], tuple[list[Trajectory], list[Trajectory]]]) -> RunResult:
+                collect_round: Callable[[int], tuple[list[Trajectory], list[Trajectory]]],
+                processor: Any = None) -> RunResult:
     """``run`` with ``update: masked``: rounds of ``collect_round(r)`` -> :func:`masked_sft` on the kept episodes
-    until ``config.rounds`` rounds or ``config.max_generated_tokens`` policy tokens."""
+    until ``config.rounds`` rounds or ``config.max_generated_tokens`` policy tokens; ``processor`` (a
+    vision-language model's) gives the forwards their images and is saved with the model."""
     import math
 
     kept_all: list[Trajectory] = []
@@ -522,7 +528,7 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
                 losses += masked_sft(model, kept, steps=steps, lr=args.learning_rate, batch_size=bs, seed=args.seed,
                                      max_grad_norm=args.max_grad_norm, micro_batch_size=config.micro_batch_size or None,
                                      autocast=config.autocast, trim_heap=config.trim_heap,
-                                     processor=config.env_kwargs.get("processor"))
+                                     processor=processor)
             finally:
                 if config.checkpoint_activations:
                     model.gradient_checkpointing_disable()
@@ -531,7 +537,8 @@ def _run_masked(config: Config, args: Any, model: Any, tokenizer: Any,
           f"{summarize(every)}")
     out, traj_path = _write_kept(config, args, kept_all)
     if config.save_model:
-        save_checkpoint(model, tokenizer, out, run_settings=_run_settings(config, autocast=config.autocast))
+        save_checkpoint(model, tokenizer, out, run_settings=_run_settings(config, autocast=config.autocast),
+                        processor=processor)
     metrics = {"episodes": len(every), "kept": len(kept_all), "summary": summarize(every),
                "global_step": len(losses), "loss": losses, "rounds": rounds, "generated_tokens": tokens}
     return _result(config, out, traj_path, metrics, f"{len(losses)} masked-SFT steps")

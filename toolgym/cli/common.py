@@ -204,6 +204,7 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
         tok = load_tokenizer_arg(args.tokenizer)
         policy = OpenAIPolicy(spec, model=args.model_name, temperature=args.temperature)
         return policy, tok
+    processor = None
     if spec == "tiny":
         tok = load_tokenizer_arg(None)
         model = tiny_random_model(tok, seed=args.seed or 0)
@@ -221,13 +222,27 @@ def make_policy(args: argparse.Namespace) -> tuple[Any, Any]:
             )
         args.evaluated = {**args.evaluated, **evaluated_weights(path)}
         model, tok = load_model(path)
+        processor = _own_processor(path)
     model = place_model(model, getattr(args, "device", "auto"))
     args.placement = describe(model)
     autocast = getattr(args, "autocast", None)
     policy = TransformersPolicy(model, tok, temperature=args.temperature, seed=args.seed, return_logprobs=True,
                                 autocast=None if autocast in (None, "none") else autocast,
-                                max_batch_size=getattr(args, "max_batch_size", None))
+                                max_batch_size=getattr(args, "max_batch_size", None), processor=processor)
     return policy, tok
+
+
+def _own_processor(path: Path) -> Any:
+    """A vision-language checkpoint's processor (:func:`toolgym.processors.load_processor`, the object its envs
+    get from ``env_kwargs.processor``), or ``None`` for a text model or a checkpoint saved without one."""
+    from toolgym.processors import ProcessorNotFoundError, is_vision_checkpoint, load_processor
+
+    if not is_vision_checkpoint(path):
+        return None
+    try:
+        return load_processor(path)
+    except ProcessorNotFoundError:
+        return None
 
 
 def evaluated_weights(path: Path) -> dict[str, Any]:
@@ -281,6 +296,8 @@ def apply_run_settings(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> 
     if settings is not None:
         for key, value in settings["env_kwargs"].items():
             env_kwargs.setdefault(key, value)
+        if env_kwargs.get("processor") in (True, "auto"):  # the checkpoint's own processor, saved beside it
+            env_kwargs["processor"] = str(Path(spec).expanduser())
         if args.max_new_tokens is None and settings.get("max_turn_tokens"):
             args.max_new_tokens = int(settings["max_turn_tokens"])
         if getattr(args, "autocast", None) is None and settings.get("autocast"):

@@ -97,7 +97,8 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             tool-result images become the model's image tokens at the processor's count
             (:class:`~toolgym.format.vision_conversation.VisionConversation`); its tokenizer, its family's chat
             template and tool-call parser are the defaults of ``tokenizer``, ``chat_template`` and ``parser``.
-            ``None``: text only, each image read as its placeholder line.
+            A path (``str``) is loaded with :func:`toolgym.processors.load_processor` (a config file's
+            ``env_kwargs.processor``). ``None``: text only, each image read as its placeholder line.
 
     A prompt that alone fills ``max_episode_tokens`` ends its episode truncated at the first step, before the
     action is applied: no tool runs, no reward is computed, and ``Trajectory.errors["prompt_too_long"]`` says why.
@@ -138,6 +139,10 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.vision: VisionFormat | None = None
+        if isinstance(processor, str):  # a processor directory, from a config file or the command line
+            from toolgym.processors import load_processor
+
+            processor = load_processor(processor)
         if processor is not None:  # a vision-language model: images become its image tokens
             self.vision = vision_format(processor)
             tokenizer = self.vision.tokenizer if tokenizer is None else tokenizer

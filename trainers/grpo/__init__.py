@@ -178,7 +178,8 @@ def run(config: Config, *, model: Any = None, tokenizer: Any = None,
     if config.save_model:
         # LoRA: the merged model, a plain checkpoint (toolgym eval / vLLM load it as any model)
         save_checkpoint(trainer if merged is None else merged, trainer.processing_class, args.output_dir,
-                        main_process=trainer.accelerator.is_main_process, run_settings={
+                        main_process=trainer.accelerator.is_main_process,
+                        processor=getattr(rollout, "processor", None), run_settings={
                             "env_id": config.env_id, "env_kwargs": episode_env_kwargs(config.env_kwargs),
                             "max_turn_tokens": config.max_turn_tokens,
                             "autocast": "bfloat16" if args.bf16 else None})

@@ -16,7 +16,7 @@ from accelerate.utils import is_peft_model
 from peft import LoraConfig
 
 from toolgym.evaluation.tasks import draw_tasks, task_id
-from trainers.contract import load_policy
+from trainers.contract import load_policy, resolve_processor
 from trainers.grpo import efficiency
 from trainers.grpo.dynamic_sampling import DynamicSampler, DynamicSamplingGRPOTrainer, check_layout
 from trainers.grpo.importance_sampling_metrics import add_is_metrics
@@ -69,9 +69,10 @@ def build_trainer(
                      args.world_size)
     if model is None:
         model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=args.seed)
+    # env_kwargs.processor (true / a directory) -> the processor object; the tokenizer is then the processor's
+    env_kwargs, tokenizer = resolve_processor(dict(config.env_kwargs), config.model, model, tokenizer)
     if needs_model_dir(args):  # TRL reloads from _name_or_path: the reference model (beta > 0), colocated vLLM
         ensure_model_dir(model, tokenizer, Path(args.output_dir) / "base_model")
-    env_kwargs = dict(config.env_kwargs)
     env_kwargs.setdefault("tokenizer", tokenizer)
     held_out = validation_split(config.env_id, config.validation_tasks, seed=config.validation_seed,
                                 env_kwargs=env_kwargs)  # [] without validation (trainers/grpo/validation.py)

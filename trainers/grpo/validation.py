@@ -197,11 +197,12 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 
 
 def greedy_evaluation(trainer: Any, venv: Any, tasks: Sequence[Mapping[str, Any]], *, seed: int,
-                      max_turn_tokens: int) -> dict[str, Any]:
+                      max_turn_tokens: int, processor: Any = None) -> dict[str, Any]:
     """One greedy evaluation of the trainer's current weights on ``tasks`` (:func:`toolgym.evaluation.evaluate`
     with a :class:`~toolgym.rollout.TransformersPolicy`, ``do_sample=False``): the model in eval mode, LoRA
     adapters merged, without Accelerate's mixed-precision forward wrapper (autocast in the trainer's half dtype
-    instead), all restored after. Returns the record's evaluation fields."""
+    instead), all restored after; ``processor``: a vision-language model's (its images generated as image
+    tokens), else ``None``. Returns the record's evaluation fields."""
     from toolgym.evaluation.runner import evaluate
     from toolgym.rollout import TransformersPolicy
     from trainers.grpo.generation import _merged_adapters, _without_amp_wrapper
@@ -214,7 +215,7 @@ def greedy_evaluation(trainer: Any, venv: Any, tasks: Sequence[Mapping[str, Any]
     try:
         with _merged_adapters(trainer), _without_amp_wrapper(model):
             policy = TransformersPolicy(model, trainer.processing_class, do_sample=False, return_logprobs=False,
-                                        autocast=autocast)
+                                        autocast=autocast, processor=processor)
             report = evaluate(venv, policy, list(tasks), seed=seed, max_turn_tokens=max_turn_tokens,
                               policy_name="greedy")
     finally:
@@ -429,8 +430,10 @@ class ValidationCallback(TrainerCallback):
             from toolgym.envs.registration import make_vector_env
 
             self._venv = make_vector_env(self.env_id, max(1, min(self.num_envs, len(self.tasks))), self.env_kwargs)
+        processor = self.env_kwargs.get("processor")
         return greedy_evaluation(self.trainer, self._venv, self.tasks, seed=self.seed,
-                                 max_turn_tokens=self.max_turn_tokens)
+                                 max_turn_tokens=self.max_turn_tokens,
+                                 processor=processor if hasattr(processor, "image_processor") else None)
 
     def _validate(self, state: Any, control: Any, *, log_now: bool) -> None:
         step = int(state.global_step)
@@ -474,6 +477,10 @@ class ValidationCallback(TrainerCallback):
         self.trainer.accelerator.wait_for_everyone()
         self.trainer.save_model(str(tmp), _internal_call=True)  # not pushed to a hub
         if self._main:
+            processor = self.env_kwargs.get("processor")
+            if hasattr(processor, "image_processor"):  # a vision-language run: best/ reloads with its processor
+                processor.save_pretrained(str(tmp))
+                self.trainer.processing_class.save_pretrained(str(tmp))  # as save_checkpoint: the tokenizer last
             if self.run_settings:
                 from toolgym.checkpoint import write_run_settings
 
