@@ -196,3 +196,33 @@ def test_resume_keeps_history_and_best_and_does_not_re_evaluate(tmp_path, monkey
     assert torch.equal(second.by_step[2], first.by_step[2])  # resumed from the checkpoint's weights
     assert torch.equal(_saved_weight(tmp_path / BEST_DIR), first.by_step[2])
     assert torch.equal(_saved_weight(tmp_path), first.by_step[2])
+
+
+def test_runs_from_the_same_weights_reuse_the_step_0_evaluation(tmp_path, monkeypatch):
+    """A sweep's arms start from one checkpoint: with ``validation_reuse_dir`` the second run reads the first run's
+    step-0 evaluation instead of evaluating again; other tasks or other weights are evaluated."""
+    calls: list[int] = []
+    _scores(monkeypatch, {0: 0.25, 1: 0.5}, calls)
+    shared = tmp_path / "shared"
+    first = run(_config(tmp_path / "a", steps=1, validation_reuse_dir=str(shared)))
+    assert calls == [0, 1] and len(list(shared.glob("validation0-*.json"))) == 1
+    second = run(_config(tmp_path / "b", steps=1, validation_reuse_dir=str(shared)))
+    assert calls == [0, 1, 1]  # step 0 not evaluated again
+    h1, h2 = first.metrics["validation_history"][0], second.metrics["validation_history"][0]
+    assert h2["reused"] is True and h2["score"] == h1["score"] == 0.25 and h2["n_tasks"] == h1["n_tasks"]
+    run(_config(tmp_path / "c", steps=1, validation_seed=7, validation_reuse_dir=str(shared)))
+    assert calls == [0, 1, 1, 0, 1] and len(list(shared.glob("validation0-*.json"))) == 2  # other tasks
+
+
+def test_the_step_0_key_follows_the_weights_tasks_and_budget():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to(torch.bfloat16)
+    tasks = [{"id": "a"}, {"id": "b"}]
+    key = validation.initial_key(model, tasks, 0, 16, None)
+    assert key == validation.initial_key(model, tasks, 0, 16, None)
+    assert key != validation.initial_key(model, tasks[:1], 0, 16, None)
+    assert key != validation.initial_key(model, tasks, 0, 32, None)
+    assert key != validation.initial_key(model, tasks, 0, 16, "bfloat16")
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1.0
+    assert key != validation.initial_key(model, tasks, 0, 16, None)

@@ -219,6 +219,8 @@ def _grpo_v2_stage(spec: dict[str, Any]) -> None:
         dynamic_sampling=True, dynamic_sampling_max_draws=cfg["dynamic_sampling_max_draws"],
         skip_no_signal_steps=True, validation_tasks=cfg["validation_tasks"],
         validation_every=cfg["validation_every"], validation_seed=cfg["validation_seed"], keep_best=True,
+        # wall time only (not in the key): the arms of the sweep share their warm start's step-0 validation
+        validation_reuse_dir=str(Path(spec["out"]) / "validation0"),
         # memory only (not in the key): freed heap pages go back to the OS after each generation and micro-batch
         **{"trim_heap": True, **spec["toolgym"]},
         trl=_grpo_trl(cfg, trl_dir, model, temperature=cfg["temperature"], beta=cfg["beta"],

@@ -113,6 +113,10 @@ class Config(EnvConfig):
     validation_metric: str = opt("success", "the validation score: success (share of episodes solved) | reward "
                                             "(mean episode reward)")
     validation_num_envs: int = opt(16, "parallel sub-envs of a validation evaluation")
+    validation_reuse_dir: str | None = opt(None, "a directory shared by runs from the same starting weights (a "
+                                                 "sweep): each run's step-0 evaluation is kept there, keyed by the "
+                                                 "weights' SHA-256, the tasks, seed, turn budget, autocast and "
+                                                 "threads, and read instead of evaluated again by a later run")
     keep_best: bool = opt(True, "with validation: save the best-scoring step's weights to <output_dir>/best/ "
                                 "(ties: the earliest) and end the run with them, so the saved model is the "
                                 "selected one")

@@ -48,7 +48,7 @@ from toolgym.evaluation.tasks import holdout_tasks, task_id
 
 __all__ = [
     "BEST_DIR", "CHECKPOINT_BEST_DIR", "METRICS", "STATE_FILE", "ValidationCallback", "best_record", "check_disjoint",
-    "evaluations_since_best", "parse_rate", "read_state", "should_stop", "validation_metrics", "validation_split",
+    "evaluations_since_best", "initial_key", "parse_rate", "read_state", "should_stop", "validation_metrics", "validation_split",
 ]
 
 #: the validation state's file name, in ``output_dir`` and in each ``checkpoint-N``
@@ -245,6 +245,26 @@ def _latest_trl(trainer: Any, state: Any) -> dict[str, float | None]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def initial_key(model: Any, tasks: Sequence[Mapping[str, Any]], seed: int, max_turn_tokens: int,
+                autocast: str | None) -> str:
+    """The key of a step-0 evaluation: SHA-256 (first 16 hex digits) over the model's parameters (names, dtypes,
+    shapes, bytes), the task ids, ``seed``, ``max_turn_tokens``, ``autocast`` and torch's thread count (a greedy
+    decode's reductions follow the threads)."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    h.update(json.dumps({"tasks": [task_id(t) for t in tasks], "seed": int(seed), "max_turn_tokens": int(max_turn_tokens),
+                         "autocast": autocast, "threads": torch.get_num_threads()}, sort_keys=True).encode())
+    with torch.no_grad():
+        for name, t in model.state_dict().items():
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 class ValidationCallback(TrainerCallback):
     """Validation every ``every`` steps, best-checkpoint keeping and patience (the module docstring); built by
     :func:`trainers.grpo.build.build_trainer` from ``Config.validation_*`` / ``keep_best``, then :meth:`bind`-ed to
@@ -261,6 +281,10 @@ class ValidationCallback(TrainerCallback):
         num_envs: parallel sub-envs of the evaluation.
         max_turn_tokens: tokens per assistant turn (the training budget).
         run_settings: ``toolgym_run.json`` fields written into ``best/`` (:func:`toolgym.checkpoint.write_run_settings`).
+        reuse_dir: a directory shared by runs that start from the same weights (a sweep's arms): the step-0
+            evaluation is kept there under a key of the starting weights' SHA-256, the task ids, seed, turn budget,
+            autocast and torch threads (:func:`initial_key`), and a later run with the same key reads it instead of
+            evaluating again (``None``: every run evaluates step 0).
         evaluator: ``fn(trainer) -> {"success", "reward", ...}`` in place of :func:`greedy_evaluation` (fault
             injection in tests).
     """
@@ -269,7 +293,8 @@ class ValidationCallback(TrainerCallback):
                  every: int, patience: int | None = None, metric: str = "success", seed: int = 0,
                  keep_best: bool = True, num_envs: int = 16, max_turn_tokens: int = 128,
                  run_settings: Mapping[str, Any] | None = None,
-                 evaluator: Callable[[Any], Mapping[str, Any]] | None = None) -> None:
+                 evaluator: Callable[[Any], Mapping[str, Any]] | None = None,
+                 reuse_dir: str | Path | None = None) -> None:
         if not tasks:
             raise ValueError("ValidationCallback needs at least one validation task")
         if every < 1:
@@ -284,6 +309,7 @@ class ValidationCallback(TrainerCallback):
         self.keep_best, self.num_envs, self.max_turn_tokens = bool(keep_best), int(num_envs), int(max_turn_tokens)
         self.run_settings = dict(run_settings or {})
         self.evaluator = evaluator
+        self.reuse_dir = Path(reuse_dir) if reuse_dir else None
         self.trainer: Any = None
         self.state: dict[str, Any] = {}
         self._venv: Any = None
@@ -301,7 +327,7 @@ class ValidationCallback(TrainerCallback):
         return cls(tasks, env_id=config.env_id, env_kwargs=env_kwargs, every=config.validation_every,
                    patience=config.validation_patience, metric=config.validation_metric, seed=config.validation_seed,
                    keep_best=config.keep_best, num_envs=config.validation_num_envs,
-                   max_turn_tokens=config.max_turn_tokens,
+                   max_turn_tokens=config.max_turn_tokens, reuse_dir=config.validation_reuse_dir,
                    run_settings={"env_id": config.env_id, "env_kwargs": episode_env_kwargs(config.env_kwargs),
                                  "max_turn_tokens": config.max_turn_tokens, "autocast": "bfloat16" if bf16 else None})
 
@@ -435,12 +461,30 @@ class ValidationCallback(TrainerCallback):
                                  max_turn_tokens=self.max_turn_tokens,
                                  processor=processor if hasattr(processor, "image_processor") else None)
 
+    def _initial_or_evaluate(self, step: int) -> dict[str, Any]:
+        """The evaluation of ``step``: at step 0 with a ``reuse_dir``, the one kept under the same
+        :func:`initial_key` (marked ``"reused": true``), else evaluated and kept there."""
+        if step != 0 or self.reuse_dir is None:
+            return self._evaluate()
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        args = self.trainer.args
+        autocast = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
+        path = self.reuse_dir / f"validation0-{initial_key(model, self.tasks, self.seed, self.max_turn_tokens, autocast)}.json"
+        if path.is_file():
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            print(f"[validation] step 0: the evaluation of these weights kept in {path}", flush=True)
+            return {**kept, "reused": True}
+        out = self._evaluate()
+        self.reuse_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(path, out)
+        return out
+
     def _validate(self, state: Any, control: Any, *, log_now: bool) -> None:
         step = int(state.global_step)
         record = None
         if self._main:
             t0 = time.perf_counter()
-            record = {"step": step, **self._evaluate()}
+            record = {"step": step, **self._initial_or_evaluate(step)}
             record["score"] = float(record[self.metric])
             record.setdefault("wall_s", round(time.perf_counter() - t0, 3))
             record.update(_latest_trl(self.trainer, state))
