@@ -29,14 +29,17 @@ _state: dict[str, str | None] = {"module": None}
 
 
 def _clear_test_caches() -> None:
-    """Empty the ``functools.cache`` of every tokenizer builder in ``tests/tokenizers.py`` (when imported)."""
+    """Empty every ``functools`` cache of the test helpers and of toolgym's and trainers' modules (tokenizers,
+    processors, tiny models, task sets): what one module built is not kept resident through the rest of the run."""
     import sys
 
-    module = sys.modules.get("tests.tokenizers")
-    for value in vars(module).values() if module is not None else ():
-        clear = getattr(value, "cache_clear", None)
-        if callable(clear):
-            clear()
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("tests.", "toolgym.", "toolgym", "trainers.")):
+            continue
+        for value in list(vars(module).values()):
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear) and hasattr(value, "cache_info"):  # a functools cache, nothing else
+                clear()
 
 
 def _module_of(item: pytest.Item | None) -> str | None:

@@ -232,11 +232,12 @@ def test_shared_prefix_with_lora_and_gradient_checkpointing(tmp_path):
 
 
 def test_shared_prefix_at_a_bfcl_length_group(tmp_path):
-    """One group as on BFCL ``multiple``: a 550-token prompt and 8 completions of 40-64 tokens, with activation
-    checkpointing as GRPO runs BFCL (without it the unshared backward keeps ~10 GB of activations)."""
-    trainer, tok = _trainer(tmp_path, rows=8, gradient_checkpointing=True)
+    """A group as on BFCL ``multiple``: a 550-token prompt and completions of 40-61 tokens, with activation
+    checkpointing as GRPO runs BFCL (without it the unshared backward keeps ~10 GB of activations). Four
+    completions (BFCL's protocol samples 4 a prompt): the unshared computation's logits grow with each row."""
+    trainer, tok = _trainer(tmp_path, rows=4, gradient_checkpointing=True)
     prompts = [_tokens(tok, 0, 550)]
-    rows = [(0, _tokens(tok, 1000 + 50 * k, 40 + 3 * k), [1] * (40 + 3 * k)) for k in range(8)]
+    rows = [(0, _tokens(tok, 1000 + 50 * k, 40 + 7 * k), [1] * (40 + 7 * k)) for k in range(4)]
     _assert_same(trainer, _micro_batch(tok, prompts, rows))
 
 
