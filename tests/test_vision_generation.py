@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image as PILImage
 
-from tests.vision_models import FAMILY_NAMES, processor, tiny_model
-from toolgym import ToolEnv, tool
+from tests.vision_models import FAMILY_NAMES, pil, processor, snap_tool, tiny_model  # noqa: E402
+from toolgym import ToolEnv
 from toolgym.envs.vector import ToolVectorEnv
 from toolgym.format.vision import collapse_image_runs, episode_images, forward_inputs, vision_format
 from toolgym.rollout import Generation, GenerationRequest, RolloutDriver, TransformersPolicy, VLLMEnginePolicy
@@ -23,20 +22,7 @@ from toolgym.rollout import Generation, GenerationRequest, RolloutDriver, Transf
 pytestmark = pytest.mark.timeout(300)
 
 
-def pil(w: int, h: int, seed: int = 0) -> PILImage.Image:
-    rng = np.random.default_rng(seed)
-    return PILImage.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
-
-
-@tool
-def snap(width: int, height: int) -> list:
-    """Photograph the scene.
-
-    Args:
-        width: pixels across.
-        height: pixels down.
-    """
-    return [f"a {width}x{height} photo:", pil(width, height, width + height)]
+snap = snap_tool()
 
 
 def make_env(family: str, **kw: Any) -> ToolEnv:

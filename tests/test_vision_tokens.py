@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image as PILImage
 
 from tests.vision_models import FAMILY_NAMES, processor
 from toolgym import ToolEnv, tool
@@ -28,12 +27,9 @@ from toolgym.images import Image
 from toolgym.trajectory import Trajectory, read_trajectories, write_trajectories
 
 FAULT = str(Path(__file__).parent / "mcp_servers" / "fault_server.py")
+from tests.vision_models import pil  # noqa: E402
+
 pytestmark = pytest.mark.timeout(300)
-
-
-def pil(w: int, h: int, seed: int = 0) -> PILImage.Image:
-    rng = np.random.default_rng(seed)
-    return PILImage.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
 
 
 @tool

@@ -15,34 +15,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image as PILImage
 
 pytest.importorskip("trl", reason="training needs the [train] extra (trl)")
 
 from tests.vision_models import processor, tiny_model  # noqa: E402
-from toolgym import ToolEnv, tool  # noqa: E402
+from toolgym import ToolEnv  # noqa: E402
 from toolgym.format.vision import VisionInputError, episode_images, forward_inputs, vision_format  # noqa: E402
 from toolgym.trajectory import Trajectory  # noqa: E402
 from trainers.vision import VisionTrainingError, image_kwargs  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+from tests.vision_models import pil, snap_tool  # noqa: E402
+
 pytestmark = pytest.mark.timeout(300)
 
 
-def pil(w: int, h: int, seed: int = 0) -> PILImage.Image:
-    rng = np.random.default_rng(seed)
-    return PILImage.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
-
-
-@tool
-def snap(width: int, height: int) -> list:
-    """Photograph the scene.
-
-    Args:
-        width: pixels across.
-        height: pixels down.
-    """
-    return [f"a {width}x{height} photo:", pil(width, height, width + height)]
+snap = snap_tool()
 
 
 def make_env(family: str, prompt_image: bool = True, **kw: Any) -> ToolEnv:

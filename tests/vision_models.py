@@ -101,3 +101,29 @@ def tiny_model(family: str) -> Any:
             mm_tokens_per_image=4)
         model = Gemma3ForConditionalGeneration(cfg)
     return model.eval()
+
+
+def pil(w: int, h: int, seed: int = 0) -> Any:
+    """A ``w`` x ``h`` RGB image of random pixels drawn from ``seed``."""
+    import numpy as np
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(seed)
+    return PILImage.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8), "RGB")
+
+
+def _snap(width: int, height: int) -> list:
+    """Photograph the scene.
+
+    Args:
+        width: pixels across.
+        height: pixels down.
+    """
+    return [f"a {width}x{height} photo:", pil(width, height, width + height)]
+
+
+def snap_tool() -> Any:
+    """The ``snap`` tool: a caption and a ``width`` x ``height`` photo."""
+    from toolgym import tool
+
+    return tool(name="snap")(_snap)
