@@ -41,7 +41,7 @@ document.querySelectorAll("nav button").forEach(b => b.onclick = () => {
   document.querySelectorAll("nav button").forEach(x => x.classList.toggle("on", x === b));
   document.querySelectorAll("section.page").forEach(p => p.classList.toggle("on", p.id === "page-" + b.dataset.page));
   if (b.dataset.page === "runs") loadRuns();
-  if (b.dataset.page !== "tools") refreshFiles().then(() => { if (b.dataset.page === "rewards" && $("#rw-why").dataset.file !== $("#rw-file").value) rewardDefaults(); });
+  if (b.dataset.page !== "tools") refreshFiles().then(() => { if (b.dataset.page === "rewards" && rwAsked !== $("#rw-file").value) rewardDefaults(); });
 });
 async function refreshFiles() {
   const [j, m, e] = await Promise.all(["jsonl", "model", "eval"].map(k => api("/api/files?kind=" + k).then(d => d.files)));
@@ -127,11 +127,15 @@ $("#call-run").onclick = guard($("#tools-error"), async () => {
 function rewardRows() {
   $("#rw-parts tbody").innerHTML = INFO.rewards.map((r, k) => `<tr data-name="${esc(r.name)}"><td><input type="checkbox" class="rw-use" ${k < 2 || r.per_turn ? "checked" : ""}></td><td><b>${esc(r.name)}</b>${r.per_turn ? ' <span class="badge">per turn</span>' : ""}</td><td><input class="rw-weight" size="5" value="${r.per_turn ? 0.5 : 1}"></td><td>${r.has_field ? '<input class="rw-field" size="14" placeholder="default">' : ""}</td><td class="help">${esc(r.help)}</td></tr>`).join("");
 }
-// the composition that fits the file's tasks (their gold field and its kind), proposed when a file is picked
+// the composition that fits the file's tasks (their gold field and its kind), proposed once each time a file is
+// picked: `rwAsked` is the file last asked for, so coming back to the page does not ask again and overwrite the
+// user's edits, and only the latest answer is applied
+let rwAsked = null, rwSeq = 0;
 const rewardDefaults = guard($("#rw-error"), async () => {
   const file = $("#rw-file").value; if (!file) return;
+  rwAsked = file; const seq = ++rwSeq;
   const d = await api("/api/rewards/defaults?file=" + encodeURIComponent(file));
-  if (file !== $("#rw-file").value) return;  // another file was picked meanwhile
+  if (seq !== rwSeq || file !== $("#rw-file").value) return;  // asked again, or another file was picked meanwhile
   for (const p of d.parts) {
     const tr = document.querySelector(`#rw-parts tr[data-name="${CSS.escape(p.name)}"]`); if (!tr) continue;
     tr.querySelector(".rw-use").checked = p.use; tr.querySelector(".rw-weight").value = p.weight;
