@@ -24,7 +24,7 @@ from toolgym.format.vision import (
     vision_format,
 )
 from toolgym.images import Image
-from toolgym.trajectory import Trajectory, read_trajectories, write_trajectories
+from toolgym.trajectory import Trajectory, TrajectoryFormatError, read_trajectories, write_trajectories
 
 FAULT = str(Path(__file__).parent / "mcp_servers" / "fault_server.py")
 from tests.vision_models import pil  # noqa: E402
@@ -227,3 +227,58 @@ def test_mcp_image_content_reaches_a_vlm_as_image_tokens_and_a_text_policy_as_th
     assert [i.data for i in episode_images(back)] == [i.data for i in r.images]
     a, b = forward_inputs([back], processor(family)), forward_inputs([traj], processor(family))
     assert all((a[k] == b[k]).all() for k in a)
+
+
+class ScreenEnv(ToolEnv):
+    """An env whose answer to a turn is a user message showing a new screen (the observation turns of visual games),
+    not a tool result."""
+
+    async def env_response(self, turn):
+        if turn.index >= 2:
+            return None
+        screen = Image.from_pil(pil(40 + 8 * turn.index, 32, 70 + turn.index))
+        return [{"role": "user", "content": f"The screen after your move:\n{screen.placeholder}", "images": [screen]}]
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "gemma3", None])
+def test_images_of_a_user_message_the_env_answers_with_are_kept_in_the_saved_episode(
+        family: str | None, tmp_path: Path) -> None:
+    task = {"id": "g", "prompt": "Play.", "images": [pil(64, 48, 1)]}
+    if family is None:  # a text-only policy: the placeholders are shown, the images are kept for viewing
+        env = ScreenEnv([task], [snap], tokenizer=processor("qwen3_vl").tokenizer,
+                        chat_template=FAMILIES["qwen3_vl"].chat_template(), parser=FAMILIES["qwen3_vl"].parser)
+    else:
+        env = ScreenEnv([task], [snap], processor=processor(family), max_episode_tokens=4096)
+    try:
+        env.reset(seed=0)
+        shown = []
+        for move in ("left", "up", "<answer>done</answer>"):
+            obs, _, terminated, truncated, info = env.step(env.encode_action(move))
+            if not (terminated or truncated):
+                shown.append(env.trajectory.turns[-1].obs_images[0])
+                if family is not None:
+                    assert int((obs == env.vision.image_token_id).sum()) == env.vision.num_tokens(shown[-1])
+                else:
+                    assert shown[-1].placeholder in env.format.decode(obs.tolist())
+        traj = info["trajectory"]
+    finally:
+        env.close()
+    assert len(shown) == 2 and traj.turns[2].obs_images == []
+    assert [i.sha256 for i in traj.images] == [i.sha256 for i in [traj.prompt_images[0], *shown]]
+    back = Trajectory.from_dict(read_trajectories(write_trajectories(tmp_path / "g.jsonl", [traj]))[0])
+    assert back.to_dict() == traj.to_dict()
+    assert [[i.data for i in t.obs_images] for t in back.turns] == [[i.data for i in t.obs_images] for t in traj.turns]
+    if family is not None:  # every image the model saw, in order, and the forward built from the saved row
+        assert info["drift"] == {}
+        assert [i.sha256 for i in episode_images(back)] == [i.sha256 for i in traj.images]
+        a, b = forward_inputs([back], processor(family)), forward_inputs([traj], processor(family))
+        assert all((a[k] == b[k]).all() for k in a)
+    from toolgym.report.viewer import build_data  # `toolgym view` shows each turn's screen under it
+
+    data = build_data([traj.to_dict()])
+    assert [t["oimg"] for t in data["runs"][0]["eps"][0]["turns"]] == [[shown[0].sha256], [shown[1].sha256], []]
+    assert all(data["images"][i.sha256]["src"].startswith("data:image/png;base64,") for i in shown)
+    row = traj.to_dict()  # a turn naming an image the row does not hold is a classified error
+    del row["images"][shown[1].sha256]
+    with pytest.raises(TrajectoryFormatError, match=r"turns\[1\]\.images"):
+        Trajectory.from_dict(row)

@@ -15,8 +15,8 @@ naming the field (``turns[1].results[0].error_kind: ...``), and in a file a :cla
 names ``path:line``.
 
 Images are stored inline: a row with images has an ``images`` table, ``{sha256: {mime_type, width, height, bytes,
-data}}`` with the bytes in base64, each image once per row; tool results and ``prompt_images`` name them by
-:meth:`toolgym.images.Image.ref`. A row is thus a whole episode on its own (docs/multimodal.md says why), and
+data}}`` with the bytes in base64, each image once per row; tool results, ``prompt_images`` and a turn's other
+images of the env's answer (its ``images``) name them by :meth:`toolgym.images.Image.ref`. A row is thus a whole episode on its own (docs/multimodal.md says why), and
 reading it back checks each image's bytes against its SHA-256.
 """
 
@@ -88,6 +88,9 @@ class Turn:
         env_checks: the env's own checks of this turn, ``{name: JSON object}``, written by the env while it answers
             the turn, for its reward to read (e.g. ``"bfcl"``: BFCL's state and response check of the user turn this
             turn closed, :class:`toolgym.envs.bfcl.verdict.TurnCheck`). Empty for most envs.
+        obs_images: the images the env's answer to this turn showed besides its tool results' (an
+            :meth:`~toolgym.envs.base.ToolEnv.env_response` override's user message with a new screen), in order,
+            each once; the row names them by ref under ``"images"``.
     """
 
     index: int
@@ -104,6 +107,7 @@ class Turn:
     reward: float = 0.0
     reward_components: dict[str, float] = field(default_factory=dict)
     env_checks: dict[str, Any] = field(default_factory=dict)
+    obs_images: list[Image] = field(default_factory=list)
 
     @property
     def error_kinds(self) -> list[str]:
@@ -125,6 +129,8 @@ class Turn:
         }
         if self.env_checks:
             row["env_checks"] = self.env_checks
+        if self.obs_images:
+            row["images"] = [img.ref() for img in self.obs_images]
         return row
 
     @classmethod
@@ -212,9 +218,11 @@ class Trajectory:
 
     @property
     def images(self) -> list[Image]:
-        """Every image of the episode, each once, in order of appearance: the prompt's, then the tool results'."""
+        """Every image of the episode, each once, in order of appearance: the prompt's, then each turn's tool
+        results' and the other images of the env's answer (:attr:`Turn.obs_images`)."""
         seen: dict[str, Image] = {}
-        for img in [*self.prompt_images, *(img for r in self.tool_results for img in r.images)]:
+        shown = (img for t in self.turns for img in [*(i for r in t.results for i in r.images), *t.obs_images])
+        for img in [*self.prompt_images, *shown]:
             seen.setdefault(img.sha256, img)
         return list(seen.values())
 
@@ -374,6 +382,7 @@ def _check_turn(turn: Any, where: str) -> None:
         raise _bad(f"{where}.reward", f"expected a number, got {_kind(turn['reward'])}")
     _check_type(turn, "reward_components", Mapping, f"{where}.", "an object")
     _check_type(turn, "env_checks", Mapping, f"{where}.", "an object")
+    _check_refs(turn, f"{where}.")
 
 
 _DRIFT_INTS = ("index", "built_len", "expected_len")
@@ -421,7 +430,8 @@ def _check_image_table(row: Mapping[str, Any]) -> None:
     _check_refs(row, "", "prompt_images")
     refs = [("prompt_images", r) for r in row.get("prompt_images") or []] + [
         (f"turns[{i}].results[{j}].images", ref) for i, t in enumerate(row["turns"])
-        for j, res in enumerate(t.get("results") or []) for ref in res.get("images") or []]
+        for j, res in enumerate(t.get("results") or []) for ref in res.get("images") or []] + [
+        (f"turns[{i}].images", ref) for i, t in enumerate(row["turns"]) for ref in t.get("images") or []]
     for where, ref in refs:
         if ref["sha256"] not in table:
             raise _bad(where, f"image {ref['sha256']} is not in the row's images table")
@@ -509,7 +519,8 @@ def _turn(d: Mapping[str, Any], position: int, table: Mapping[str, Image] | None
                 calls=[_call(c) for c in d.get("calls", [])], results=[_result(r, table) for r in d.get("results", [])],
                 cut=d.get("cut", False), reward=float(d.get("reward", 0.0)),
                 reward_components=dict(d.get("reward_components") or {}),
-                env_checks=dict(d.get("env_checks") or {}))
+                env_checks=dict(d.get("env_checks") or {}),
+                obs_images=[table[ref["sha256"]] for ref in d.get("images") or []] if table is not None else [])
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from toolgym.format.conversation import Conversation, as_int_array
 from toolgym.format.parsers import ToolCallParser, template_family
 from toolgym.format.vision import VisionFormat, vision_format
 from toolgym.format.vision_conversation import VisionConversation
-from toolgym.images import ImageProblem, ref_placeholder, task_images
+from toolgym.images import Image, ImageProblem, ref_placeholder, task_images
 from toolgym.rewards.base import Reward, RewardLike, as_reward, outcome_score, turn_score
 from toolgym.rewards.guard import DEFAULT_REWARD_TIMEOUT_S, RewardFault, guarded
 from toolgym.tools.base import Seconds, Tool, ToolCall, ToolErrorKind, ToolResult, error_text
@@ -331,6 +331,7 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             else:
                 turn.obs_start, turn.obs_end = conv.add_observation(msgs, obs_ids)
                 obs = as_int_array(obs_ids)
+                turn.obs_images = _answer_images(msgs, turn)
         else:
             terminated = True
         if not (terminated or truncated) and len(conv) >= self.max_episode_tokens:
@@ -524,3 +525,16 @@ class ToolEnv(gym.Env[np.ndarray, np.ndarray]):
             except Exception:  # noqa: BLE001
                 pass
         super().close()
+
+
+def _answer_images(msgs: Sequence[Mapping[str, Any]], turn: Turn) -> list[Image]:
+    """The images of the env's answer ``msgs`` that are not ``turn``'s tool results' images, each once, in order:
+    what the trajectory must keep beside the results so that a saved episode holds every image its model saw."""
+    seen = {img.sha256 for r in turn.results for img in r.images}
+    out: list[Image] = []
+    for m in msgs:
+        for img in m.get("images") or ():
+            if img.sha256 not in seen:
+                seen.add(img.sha256)
+                out.append(img)
+    return out

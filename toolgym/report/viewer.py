@@ -249,7 +249,7 @@ def _turn_record(t: Mapping[str, Any]) -> dict[str, Any]:
     o0, o1 = (t.get("obs_span") or [a1, a1])[:2]
     return {"text": t.get("text", ""), "reasoning": t.get("reasoning") or "", "calls": out_calls,
             "reward": _num(t.get("reward")), "comps": t.get("reward_components") or {}, "cut": bool(t.get("cut")),
-            "model_tokens": int(a1) - int(a0), "env_tokens": int(o1) - int(o0)}
+            "model_tokens": int(a1) - int(a0), "env_tokens": int(o1) - int(o0), "oimg": _shas(t.get("images"))}
 
 
 def _episode(k: int, row: Mapping[str, Any], tables: _Tables, threshold: float) -> dict[str, Any]:
