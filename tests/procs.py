@@ -48,3 +48,19 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def torchrun_two_ranks(script: Path, out: Path, *, timeout: float) -> list[dict]:
+    """Run ``script`` under ``torchrun`` as 2 CPU processes (gloo, 1 thread each, the repository on
+    ``PYTHONPATH``) in ``out`` and return each rank's ``rank{k}.json`` there; a failed run fails the test with
+    the end of its stderr."""
+    import json
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), str(script)]  # static rendezvous: a real port, not 0
+    proc = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{k}.json").read_text()) for k in (0, 1)]

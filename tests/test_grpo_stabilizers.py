@@ -9,10 +9,7 @@ injection of "a model that solves some tasks"), so a step's groups have a reward
 from __future__ import annotations
 
 import copy
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ pytest.importorskip("trl", reason="the GRPO trainer needs the [train] extra (trl
 
 import torch  # noqa: E402
 
+from tests.procs import torchrun_two_ranks
 from tests.test_shared_prefix import LOGP_TOL, _assert_same, _episodes, _micro_batch  # noqa: E402
 from tests.test_turn_grpo import ENV, OraclePolicy, chain_tasks  # noqa: E402
 from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset  # noqa: E402
@@ -246,19 +244,9 @@ def test_two_processes_take_the_same_decision(tmp_path):
     """torchrun, gloo, 2 CPU processes: at step 1 only rank 0's micro-batches have signal, yet DDP averages the
     gradients into rank 1's too, so both ranks must step (a rank that skipped alone would leave the replicas
     apart); at step 2 neither has signal and both skip."""
-    import socket
-
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(root=str(ROOT), out=str(tmp_path)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(script)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    r = torchrun_two_ranks(script, tmp_path, timeout=560)
     assert r[0]["world"] == r[1]["world"] == 2
     assert r[0]["tasks"] and all(len(t) == 1 for t in r[0]["tasks"] + r[1]["tasks"])  # one group per rank
     assert r[0]["zero_std"] == r[1]["zero_std"] == [0.5, 1.0]  # the logged share is over both ranks' groups

@@ -8,10 +8,7 @@ calls the tool"); everything else (env, tools, TRL's loss masking and logging) i
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,6 +19,7 @@ pytest.importorskip("trl", reason="the adapter needs the [train] extra (trl)")
 
 import trl
 
+from tests.procs import torchrun_two_ranks
 from toolgym.envs.calculator import generate_task
 from trainers import TRL_VERSION
 from trainers.grpo.rollout_adapter import ToolgymRollout, env_reward, make_dataset, prompt_key
@@ -252,18 +250,7 @@ def test_two_processes_make_matching_generate_calls(tmp_path):
     the same number of generate calls with the same number of prompts (vLLM server / ZeRO-3 are collective)."""
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(root=str(ROOT), out=str(tmp_path)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}
-    import socket
-
-    with socket.socket() as sock:  # torchrun's static rendezvous needs a real port (0 is not "pick one")
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(script)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r0 = json.loads((tmp_path / "rank0.json").read_text())
-    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    r0, r1 = torchrun_two_ranks(script, tmp_path, timeout=420)
     assert r0["world"] == r1["world"] == 2
     assert max(r0["turns"]) == 2 and max(r1["turns"]) == 1  # different episode lengths per rank ...
     assert r0["sizes"] == r1["sizes"] == [4, 4]  # ... same calls: rank 1 padded its second call

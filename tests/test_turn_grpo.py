@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import pytest
 
 pytest.importorskip("trl", reason="the turn-level trainer needs the [train] extra (trl)")
 
+from tests.procs import torchrun_two_ranks
 from toolgym.envs.calculator_chain import generate_chain
 from toolgym.rollout import Generation
 from trainers.credit import token_advantages, turn_advantages
@@ -251,19 +250,9 @@ _WORKER = textwrap.dedent(
 def test_two_processes_groups_spanning_ranks_get_the_whole_groups_baseline(tmp_path):
     """torchrun, gloo, 2 CPU processes, 1 thread each: per_device batch 2 and num_generations 4 put each group on
     both ranks; each rank's per-turn advantages must equal the estimator run on the whole group at once."""
-    import socket
-
     script = tmp_path / "worker.py"
     script.write_text(_WORKER.format(root=str(ROOT), out=str(tmp_path), adv="turn_return"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(script)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=560)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    r = torchrun_two_ranks(script, tmp_path, timeout=560)
     assert r[0]["world"] == r[1]["world"] == 2
     # TRL splits the group of 4 across the ranks: its rows carry the same task on both ranks
     n = len(r[0]["turn_rewards"])
