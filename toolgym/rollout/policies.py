@@ -29,6 +29,7 @@ from toolgym.rollout.shared_prefix import shared_prefill
 from toolgym.rollout.turn_cache import TurnCache, generation_cache
 from toolgym.rollout.types import (
     DEFAULT_LOGPROBS_MODE,
+    BlockingPolicy,
     EpisodeState,
     Generation,
     GenerationRequest,
@@ -39,7 +40,7 @@ from toolgym.rollout.types import (
 __all__ = ["OpenAIPolicy", "ScriptedPolicy", "TransformersPolicy"]
 
 
-class TransformersPolicy:
+class TransformersPolicy(BlockingPolicy):
     """A Hugging Face causal LM as a batched policy.
 
     Generation runs in a worker thread (one batch at a time, ``concurrent = False``) so tool calls of other
@@ -88,8 +89,6 @@ class TransformersPolicy:
     Attributes:
         shared_tokens: prompt tokens not prefilled because their row shared another row's prompt.
     """
-
-    concurrent = False
 
     def __init__(
         self,
@@ -141,11 +140,6 @@ class TransformersPolicy:
         if isinstance(pad, list):
             pad = pad[0]
         self.pad_token_id = int(pad if pad is not None else 0)
-
-    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        if not requests:
-            return []
-        return await asyncio.to_thread(self.generate, requests)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Blocking :meth:`agenerate`."""

@@ -23,6 +23,7 @@ penalties / allowed ids.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from toolgym.images import Image
 from toolgym.trajectory import Trajectory
 
 __all__ = [
+    "BlockingPolicy",
     "DEFAULT_LOGPROBS_MODE",
     "LOGPROBS_MODES",
     "EpisodeState",
@@ -196,6 +198,23 @@ class Policy(Protocol):
     concurrent: bool
 
     async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]: ...
+
+
+class BlockingPolicy:
+    """Base of a :class:`Policy` whose generation blocks (a model in this process): subclasses implement
+    :meth:`generate`; :meth:`agenerate` runs it in a worker thread so the event loop keeps running tools, and
+    an empty batch is answered without a call. ``concurrent`` is ``False``: one batch at a time."""
+
+    concurrent = False
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """One :class:`Generation` per request, blocking."""
+        raise NotImplementedError
+
+    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        if not requests:
+            return []
+        return await asyncio.to_thread(self.generate, requests)
 
 
 @dataclass

@@ -11,16 +11,15 @@ This module never imports vLLM: the caller builds the engine (``vllm.LLM(model=.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from toolgym.rollout.types import Generation, GenerationRequest
+from toolgym.rollout.types import BlockingPolicy, Generation, GenerationRequest
 
 __all__ = ["VLLMEnginePolicy"]
 
 
-class VLLMEnginePolicy:
+class VLLMEnginePolicy(BlockingPolicy):
     """A ``vllm.LLM`` as a batched policy (one ``generate`` call per batch, in a worker thread).
 
     Args:
@@ -35,8 +34,6 @@ class VLLMEnginePolicy:
     Attributes:
         last_prompts: the prompts of the last ``generate`` call, as sent to the engine.
     """
-
-    concurrent = False
 
     def __init__(self, llm: Any, make_sampling_params: Callable[[GenerationRequest], Any], *,
                  processor: Any = None) -> None:
@@ -56,11 +53,6 @@ class VLLMEnginePolicy:
         from toolgym.format.vision import vllm_prompt
 
         return vllm_prompt(request.prompt_ids, request.images, self.processor)
-
-    async def agenerate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        if not requests:
-            return []
-        return await asyncio.to_thread(self.generate, requests)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Blocking :meth:`agenerate`."""
