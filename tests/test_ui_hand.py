@@ -131,6 +131,12 @@ def test_env_cards_for_every_registered_env(server: Server, browser: WebDriver) 
     assert "pick one" in text(d, "#tools-source")
     set_value(d, "#env-task", "simple_python_0")
     wait_for(d, "return document.querySelector('#tools-list tr.tool[data-name=calculate_triangle_area]')", timeout=60)
+    # a single-turn task's function is checked, not run: the unknown_tool result says so
+    set_value(d, "#call-tool", "calculate_triangle_area")
+    type_into(d, "#call-args", '{"base": 10, "height": 5}')
+    d.click("#call-run")
+    assert "nothing that runs it" in wait_for(d, "return document.querySelector('#call-note')?.textContent")
+    assert text(d, "#call-kind") == "error: unknown_tool"
     set_value(d, "#env-task", "simple_python_1")
     wait_for(d, "return !document.querySelector('#tools-list tr.tool[data-name=calculate_triangle_area]') && "
                 "document.querySelectorAll('#tools-list tr.tool').length > 0", timeout=60, what="another task's tools")

@@ -121,7 +121,7 @@ $("#mcp-load").onclick = () => { $("#tools-source").textContent = "(starting ser
 $("#call-run").onclick = guard($("#tools-error"), async () => {
   $("#call-result").innerHTML = "";
   const r = await api("/api/tools/call", {name: $("#call-tool").value, arguments: $("#call-args").value});
-  $("#call-result").innerHTML = `<div class="row"><span id="call-kind" class="${r.error_kind ? "err" : "ok"}">${r.error_kind ? "error: " + esc(r.error_kind) : "ok"}</span><span class="help">${(r.latency_s * 1000).toFixed(1)} ms, ${r.attempts} attempt(s)</span></div><pre id="call-content">${esc(r.content)}</pre>`;
+  $("#call-result").innerHTML = `<div class="row"><span id="call-kind" class="${r.error_kind ? "err" : "ok"}">${r.error_kind ? "error: " + esc(r.error_kind) : "ok"}</span><span class="help">${(r.latency_s * 1000).toFixed(1)} ms, ${r.attempts} attempt(s)</span></div><pre id="call-content">${esc(r.content)}</pre>${r.note ? `<div id="call-note" class="help">${esc(r.note)}</div>` : ""}`;
 });
 // ---- rewards ----
 function rewardRows() {

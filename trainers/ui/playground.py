@@ -125,7 +125,8 @@ class ToolPlayground:
 
     def call(self, name: str, arguments: str) -> dict[str, Any]:
         """Call tool ``name`` with ``arguments`` (JSON object text) through the executor. Malformed arguments are
-        a ``parse_error`` result, as for a model; the result is ``{"content", "error_kind", "latency_s", ...}``."""
+        a ``parse_error`` result, as for a model; the result is ``{"content", "error_kind", "latency_s", ...}``,
+        with a ``"note"`` when the picked task describes ``name`` but the env has nothing that runs it."""
         from toolgym.runtime import run_sync
         from toolgym.tools.base import ToolCall
 
@@ -141,7 +142,14 @@ class ToolPlayground:
                         parse_error=error)
         with self._lock:
             res = run_sync(self.executor.run(call))
-        return res.to_dict()
+            described = {t["name"] for t in self.schemas()} if self.tasks else set()
+        out = res.to_dict()
+        if res.error_kind is not None and res.error_kind.value == "unknown_tool" and name in described:
+            out["note"] = (f"{name} is one of task {self.task}'s functions as the model reads them, but this env "
+                           "has nothing that runs it: the env checks the calls of the model's answer against the "
+                           "task's expected ones instead (BFCL's single-turn categories). Play an episode to see "
+                           "the verdict.")
+        return out
 
     def close(self) -> None:
         with self._lock:
