@@ -25,30 +25,16 @@ __all__ = ["main"]
 
 
 def _episode(device: str) -> dict[str, Any]:
-    import numpy as np
     import torch
-    from PIL import Image as PILImage
 
-    from tests.vision_models import processor, tiny_model
-    from toolgym import ToolEnv, tool
+    from tests.vision_models import pil, processor, snap_tool, tiny_model
+    from toolgym import ToolEnv
     from toolgym.format.vision import episode_images, forward_inputs
     from toolgym.rollout import GenerationRequest, TransformersPolicy
 
-    rng = np.random.default_rng(0)
-
-    @tool
-    def snap(width: int, height: int) -> list:
-        """Photograph the scene.
-
-        Args:
-            width: pixels across.
-            height: pixels down.
-        """
-        return ["photo:", PILImage.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")]
-
+    snap = snap_tool()
     proc, model = processor("qwen2_5_vl"), tiny_model("qwen2_5_vl").to(device)
-    task = {"id": "v", "prompt": "What is shown?",
-            "images": [PILImage.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), "RGB")]}
+    task = {"id": "v", "prompt": "What is shown?", "images": [pil(64, 48, 0)]}
     env = ToolEnv([task], [snap], processor=proc, max_episode_tokens=4096)
     env.reset(seed=0)
     env.step(env.encode_action(env.format.parser.format_calls([("snap", {"width": 90, "height": 40})])))
