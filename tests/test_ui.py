@@ -335,6 +335,16 @@ def test_rewards_compose_and_score_a_trajectory_file(server: Server, browser: We
     d.js("document.querySelectorAll('#rw-parts tbody tr').forEach(tr => { const n = tr.dataset.name;"
          "tr.querySelector('.rw-use').checked = ['exact_match', 'numeric_match', 'tool_call_format'].includes(n);"
          "if (n === 'numeric_match') tr.querySelector('.rw-weight').value = '2'; })")
+    # picking the same file again, or coming back to the page, keeps the user's choices
+    d.js("document.querySelector('#rw-file').dispatchEvent(new Event('change'))")
+    tab(d, "tools")
+    tab(d, "rewards")
+    chosen = "return [...document.querySelectorAll('#rw-parts tbody tr')].filter(tr => tr.querySelector('.rw-use')" \
+             ".checked).map(tr => tr.dataset.name).join(',')"
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        assert d.js(chosen) == "exact_match,numeric_match,tool_call_format"
+        time.sleep(0.1)
     d.click("#rw-run")
     wait_for(d, "return document.querySelectorAll('#rw-table tr.rw-ep').length > 0", timeout=60)
     heads = d.js("return [...document.querySelectorAll('#rw-table th.rw-h')].map(t => t.dataset.name)")

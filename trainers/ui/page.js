@@ -41,7 +41,7 @@ document.querySelectorAll("nav button").forEach(b => b.onclick = () => {
   document.querySelectorAll("nav button").forEach(x => x.classList.toggle("on", x === b));
   document.querySelectorAll("section.page").forEach(p => p.classList.toggle("on", p.id === "page-" + b.dataset.page));
   if (b.dataset.page === "runs") loadRuns();
-  if (b.dataset.page !== "tools") refreshFiles().then(() => { if (b.dataset.page === "rewards" && rwAsked !== $("#rw-file").value) rewardDefaults(); });
+  if (b.dataset.page !== "tools") refreshFiles().then(() => { if (b.dataset.page === "rewards") rewardDefaults(false); });
 });
 async function refreshFiles() {
   const [j, m, e] = await Promise.all(["jsonl", "model", "eval"].map(k => api("/api/files?kind=" + k).then(d => d.files)));
@@ -127,14 +127,16 @@ $("#call-run").onclick = guard($("#tools-error"), async () => {
 function rewardRows() {
   $("#rw-parts tbody").innerHTML = INFO.rewards.map((r, k) => `<tr data-name="${esc(r.name)}"><td><input type="checkbox" class="rw-use" ${k < 2 || r.per_turn ? "checked" : ""}></td><td><b>${esc(r.name)}</b>${r.per_turn ? ' <span class="badge">per turn</span>' : ""}</td><td><input class="rw-weight" size="5" value="${r.per_turn ? 0.5 : 1}"></td><td>${r.has_field ? '<input class="rw-field" size="14" placeholder="default">' : ""}</td><td class="help">${esc(r.help)}</td></tr>`).join("");
 }
-// the composition that fits the file's tasks (their gold field and its kind), proposed once each time a file is
-// picked: `rwAsked` is the file last asked for, so coming back to the page does not ask again and overwrite the
-// user's edits, and only the latest answer is applied
+// the composition that fits the file's tasks (their gold field and its kind), proposed once each time another file
+// is picked: `rwAsked` is the file last asked for, so coming back to the page or picking the same file again does not
+// ask again and overwrite the user's edits (`force`: a new upload under that name); only the latest answer applies
 let rwAsked = null, rwSeq = 0;
-const rewardDefaults = guard($("#rw-error"), async () => {
-  const file = $("#rw-file").value; if (!file) return;
+const rewardDefaults = guard($("#rw-error"), async force => {
+  const file = $("#rw-file").value; if (!file || (file === rwAsked && !force)) return;
   rwAsked = file; const seq = ++rwSeq;
-  const d = await api("/api/rewards/defaults?file=" + encodeURIComponent(file));
+  let d;
+  try { d = await api("/api/rewards/defaults?file=" + encodeURIComponent(file)); }
+  catch (e) { if (seq === rwSeq) rwAsked = null; throw e; }  // picking the file again asks again
   if (seq !== rwSeq || file !== $("#rw-file").value) return;  // asked again, or another file was picked meanwhile
   for (const p of d.parts) {
     const tr = document.querySelector(`#rw-parts tr[data-name="${CSS.escape(p.name)}"]`); if (!tr) continue;
@@ -143,12 +145,12 @@ const rewardDefaults = guard($("#rw-error"), async () => {
   }
   $("#rw-why").textContent = "defaults for this file: " + d.why; $("#rw-why").dataset.file = file;
 });
-$("#rw-file").onchange = rewardDefaults;
+$("#rw-file").onchange = () => rewardDefaults(false);
 $("#rw-upload").onchange = guard($("#rw-error"), async e => {
   const f = e.target.files[0]; if (!f) return;
   if (f.size > INFO.max_upload) throw new Error(`${f.name} is ${f.size} bytes; uploads are limited to ${INFO.max_upload}`);
   const d = await api("/api/upload", {name: f.name, content: await f.text()});
-  await refreshFiles(); $("#rw-file").value = d.path; await rewardDefaults();
+  await refreshFiles(); $("#rw-file").value = d.path; await rewardDefaults(true);
 });
 $("#rw-run").onclick = guard($("#rw-error"), async () => {
   const parts = [...document.querySelectorAll("#rw-parts tbody tr")].filter(tr => tr.querySelector(".rw-use").checked).map(tr => ({
