@@ -35,9 +35,9 @@ from toolgym.images import Image
 from toolgym.trajectory import Trajectory
 
 __all__ = [
-    "BlockingPolicy",
     "DEFAULT_LOGPROBS_MODE",
     "LOGPROBS_MODES",
+    "BlockingPolicy",
     "EpisodeState",
     "Generation",
     "GenerationRequest",
