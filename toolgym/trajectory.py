@@ -16,8 +16,9 @@ names ``path:line``.
 
 Images are stored inline: a row with images has an ``images`` table, ``{sha256: {mime_type, width, height, bytes,
 data}}`` with the bytes in base64, each image once per row; tool results, ``prompt_images`` and a turn's other
-images of the env's answer (its ``images``) name them by :meth:`toolgym.images.Image.ref`. A row is thus a whole episode on its own (docs/multimodal.md says why), and
-reading it back checks each image's bytes against its SHA-256.
+images of the env's answer (its ``images``) name them by :meth:`toolgym.images.Image.ref`. A row is thus a whole
+episode on its own (docs/multimodal.md says why), and reading it back checks each image's bytes against its
+SHA-256.
 """
 
 from __future__ import annotations

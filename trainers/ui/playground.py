@@ -128,7 +128,7 @@ class ToolPlayground:
         a ``parse_error`` result, as for a model; the result is ``{"content", "error_kind", "latency_s", ...}``,
         with a ``"note"`` when the picked task describes ``name`` but the env has nothing that runs it."""
         from toolgym.runtime import run_sync
-        from toolgym.tools.base import ToolCall
+        from toolgym.tools.base import ToolCall, ToolErrorKind
 
         if self.executor is None:
             raise UIError("load an env or an MCP config first")
@@ -142,9 +142,10 @@ class ToolPlayground:
                         parse_error=error)
         with self._lock:
             res = run_sync(self.executor.run(call))
-            described = {t["name"] for t in self.schemas()} if self.tasks else set()
+            not_run = res.error_kind is ToolErrorKind.UNKNOWN_TOOL and bool(self.tasks) and \
+                name in {t["name"] for t in self.schemas()}  # described to the model, not run by the env
         out = res.to_dict()
-        if res.error_kind is not None and res.error_kind.value == "unknown_tool" and name in described:
+        if not_run:
             out["note"] = (f"{name} is one of task {self.task}'s functions as the model reads them, but this env "
                            "has nothing that runs it: the env checks the calls of the model's answer against the "
                            "task's expected ones instead (BFCL's single-turn categories). Play an episode to see "
